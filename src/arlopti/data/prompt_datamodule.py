@@ -1,0 +1,246 @@
+"""The shared machinery of every prompt DataModule: tokenise, filter, shard and resume.
+
+A task's DataModule (K&K, math) subclasses :class:`PromptDataModule` and implements two
+methods that return :class:`PromptRecord` lists: :meth:`train_records` and :meth:`val_records`.
+This base class then
+
+* renders and tokenises each record with the model's tokenizer;
+* **filters** prompts longer than ``max_prompt_length`` (never truncates) and logs the count;
+* yields :class:`~arlopti.data.batch.PromptBatch` objects of ``prompts_per_step`` prompts per
+  optimizer-independent *rollout step*, sharded across data-parallel ranks (rank r takes a
+  contiguous slice of the global batch, so whole prompts, and therefore whole GRPO groups,
+  stay on one rank);
+* shuffles deterministically from ``seed`` and the epoch, and records the consumed position
+  so that a resumed run continues with the next unseen batch (``state_dict``).
+
+Validation/benchmark sets are exposed as ``self.val_sets: dict[name, list[PromptSample]]``;
+they are scored by the benchmark-eval callback through the rollout engine, not by
+Lightning's validation loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import lightning.pytorch as L
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from arlopti.data.batch import PromptBatch, PromptSample, collate_prompts
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PromptRecord:
+    """A prompt before tokenisation. Either ``text`` (used verbatim) or ``messages`` (chat)."""
+
+    uid: str
+    ground_truth: Any
+    task: str
+    text: str | None = None
+    messages: list[dict] | None = None
+    # Appended after the chat template's generation prompt, e.g. "<think>" for K&K.
+    assistant_prefix: str = ""
+    meta: dict = field(default_factory=dict)
+
+
+def render_prompt(record: PromptRecord, tokenizer) -> str:
+    if record.text is not None:
+        return record.text + record.assistant_prefix
+    if record.messages is None:
+        raise ValueError(f"prompt {record.uid}: a record needs 'text' or 'messages'")
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(
+            f"prompt {record.uid}: this template needs a chat template but the tokenizer has none; "
+            "use a raw/base template for base models"
+        )
+    text = tokenizer.apply_chat_template(record.messages, tokenize=False, add_generation_prompt=True)
+    return text + record.assistant_prefix
+
+
+def tokenize_records(
+    records: list[PromptRecord], tokenizer, max_prompt_length: int, what: str
+) -> tuple[list[PromptSample], int]:
+    """Tokenise records, dropping (not truncating) those over ``max_prompt_length`` tokens."""
+    samples, dropped = [], 0
+    texts = [render_prompt(r, tokenizer) for r in records]
+    # Chat templates already contain any special tokens the model needs.
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    for rec, text, ids in zip(records, texts, encoded):
+        if len(ids) > max_prompt_length:
+            dropped += 1
+            continue
+        samples.append(
+            PromptSample(
+                prompt_ids=list(ids), prompt_text=text, ground_truth=rec.ground_truth,
+                task=rec.task, uid=rec.uid, meta=dict(rec.meta),
+            )
+        )
+    if dropped:
+        log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d",
+                    what, dropped, len(records), max_prompt_length)
+    return samples, dropped
+
+
+class _Indexed(Dataset):
+    """Maps the sampler's ``(epoch, batch, index)`` keys to samples and keeps the position."""
+
+    def __init__(self, samples: list[PromptSample]):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, key):
+        epoch, batch, i = key
+        return self.samples[i], (epoch, batch)
+
+
+def _collate(items) -> PromptBatch:
+    return collate_prompts([s for s, _ in items], position=items[0][1])
+
+
+class ResumableBatchSampler(Sampler):
+    """Per-rank batches of a deterministic, epoch-seeded permutation, resumable mid-epoch.
+
+    Global batch ``b`` of epoch ``e`` is ``perm_e[b*P:(b+1)*P]`` with ``perm_e`` drawn from
+    ``seed + e``; rank ``r`` of ``W`` takes its ``r``-th contiguous ``P/W`` slice. The sampler
+    skips the ``consumed`` batches of the current epoch, so a restored state continues exactly.
+    """
+
+    def __init__(self, num_samples: int, global_batch: int, world_size: int, rank: int,
+                 seed: int, shuffle: bool = True):
+        if global_batch % world_size:
+            raise ValueError(
+                f"data.prompts_per_step={global_batch} is not divisible by trainer.devices x num_nodes="
+                f"{world_size}; every rank must get whole prompts (and so whole GRPO groups)"
+            )
+        if num_samples < global_batch:
+            raise ValueError(
+                f"the training set has {num_samples} prompts after filtering, fewer than "
+                f"data.prompts_per_step={global_batch}"
+            )
+        self.num_samples, self.global_batch = num_samples, global_batch
+        self.world_size, self.rank, self.seed, self.shuffle = world_size, rank, seed, shuffle
+        self.epoch, self.consumed = 0, 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch  # drop_last: every step is full-sized
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        return np.random.default_rng(self.seed + epoch).permutation(self.num_samples)
+
+    def __iter__(self):
+        epoch, start = self.epoch, self.consumed
+        perm = self.order(epoch)
+        per_rank = self.global_batch // self.world_size
+        for b in range(start, self.batches_per_epoch):
+            lo = b * self.global_batch + self.rank * per_rank
+            yield [(epoch, b, int(i)) for i in perm[lo:lo + per_rank]]
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch - self.consumed
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.consumed = epoch, 0
+
+    def mark_consumed(self, position: tuple[int, int]) -> None:
+        epoch, batch = position
+        self.epoch, self.consumed = epoch, batch + 1
+        if self.consumed >= self.batches_per_epoch:
+            self.epoch, self.consumed = epoch + 1, 0
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
+                "num_samples": self.num_samples, "global_batch": self.global_batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in ("num_samples", "global_batch", "seed"):
+            if key in state and state[key] != getattr(self, key):
+                raise ValueError(
+                    f"checkpoint data position was saved with {key}={state[key]} but this run has "
+                    f"{key}={getattr(self, key)}; resume with the same data config"
+                )
+        self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+
+
+class PromptDataModule(L.LightningDataModule):
+    """Base class; see the module docstring. Subclasses implement the two ``*_records`` methods."""
+
+    task_name = "task"
+
+    def __init__(self, tokenizer=None, prompts_per_step: int = 8, max_prompt_length: int = 512,
+                 seed: int = 42, shuffle: bool = True, num_workers: int = 0):
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.prompts_per_step = prompts_per_step
+        self.max_prompt_length = max_prompt_length
+        self.seed = seed
+        self.shuffle = shuffle
+        self.num_workers = num_workers
+        self.train_samples: list[PromptSample] = []
+        self.val_sets: dict[str, list[PromptSample]] = {}
+        self.filtered_counts: dict[str, int] = {}
+        self._sampler: ResumableBatchSampler | None = None
+        self._pending_state: dict | None = None
+
+    # ---- to implement -----------------------------------------------------------------------
+    def train_records(self) -> list[PromptRecord]:
+        raise NotImplementedError
+
+    def val_records(self) -> dict[str, list[PromptRecord]]:
+        return {}
+
+    # ---- Lightning hooks --------------------------------------------------------------------
+    def set_tokenizer(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train_samples:
+            return
+        if self.tokenizer is None:
+            raise RuntimeError(f"{type(self).__name__}: call set_tokenizer(tokenizer) before setup()")
+        self.train_samples, dropped = tokenize_records(
+            self.train_records(), self.tokenizer, self.max_prompt_length, f"{self.task_name}/train")
+        self.filtered_counts["train"] = dropped
+        for name, records in self.val_records().items():
+            self.val_sets[name], self.filtered_counts[name] = tokenize_records(
+                records, self.tokenizer, self.max_prompt_length, f"{self.task_name}/{name}")
+        world, rank = 1, 0
+        if self._trainer is not None:
+            world, rank = self.trainer.world_size, self.trainer.global_rank
+        self._sampler = ResumableBatchSampler(
+            len(self.train_samples), self.prompts_per_step, world, rank, self.seed, self.shuffle)
+        if self._pending_state is not None:
+            self._sampler.load_state_dict(self._pending_state)
+            self._pending_state = None
+
+    def train_dataloader(self) -> DataLoader:
+        assert self._sampler is not None, "setup() first"
+        if self._trainer is not None:
+            self._sampler.set_epoch(self.trainer.current_epoch)
+        return DataLoader(_Indexed(self.train_samples), batch_sampler=self._sampler,
+                          collate_fn=_collate, num_workers=self.num_workers)
+
+    def mark_consumed(self, batch: PromptBatch) -> None:
+        if self._sampler is not None:
+            self._sampler.mark_consumed(batch.position)
+
+    def state_dict(self) -> dict:
+        return {"sampler": self._sampler.state_dict() if self._sampler else self._pending_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        sampler_state = state.get("sampler")
+        if sampler_state is None:
+            return
+        if self._sampler is not None:
+            self._sampler.load_state_dict(sampler_state)
+        else:
+            self._pending_state = sampler_state
