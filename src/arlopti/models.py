@@ -85,7 +85,7 @@ class TinySpec:
     num_kv_heads: int = 2
     intermediate_size: int = 128
     tie_word_embeddings: bool = True
-    max_position_embeddings: int = 2048
+    max_position_embeddings: int = 8192
     seed: int = 0
 
 

@@ -32,6 +32,8 @@ class PromptBatch:
     # (epoch, index of the batch's first sample in that epoch's order); lets the DataModule
     # record what was consumed so a resumed run continues exactly where it stopped.
     position: tuple[int, int] = (0, 0)
+    # Set by the rollout callback: the sampled responses and rewards of this batch.
+    experience: Any = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids)

@@ -214,7 +214,7 @@ class PromptDataModule(L.LightningDataModule):
             self.val_sets[name], self.filtered_counts[name] = tokenize_records(
                 records, self.tokenizer, self.max_prompt_length, f"{self.task_name}/{name}")
         world, rank = 1, 0
-        if self._trainer is not None:
+        if getattr(self, "trainer", None) is not None:
             world, rank = self.trainer.world_size, self.trainer.global_rank
         self._sampler = ResumableBatchSampler(
             len(self.train_samples), self.prompts_per_step, world, rank, self.seed, self.shuffle)
@@ -224,7 +224,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         assert self._sampler is not None, "setup() first"
-        if self._trainer is not None:
+        if getattr(self, "trainer", None) is not None:
             self._sampler.set_epoch(self.trainer.current_epoch)
         return DataLoader(_Indexed(self.train_samples), batch_sampler=self._sampler,
                           collate_fn=_collate, num_workers=self.num_workers)

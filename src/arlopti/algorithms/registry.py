@@ -1,0 +1,33 @@
+"""A tiny name → function registry (verl's pattern), so configs pick estimators by name."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+
+class Registry:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._fns: dict[str, Callable] = {}
+
+    def register(self, name: str) -> Callable[[Callable], Callable]:
+        def deco(fn: Callable) -> Callable:
+            if name in self._fns:
+                raise KeyError(f"{self.kind} {name!r} is registered twice")
+            self._fns[name] = fn
+            return fn
+
+        return deco
+
+    def get(self, name: str) -> Callable:
+        if name not in self._fns:
+            raise KeyError(f"unknown {self.kind} {name!r}; choose one of {sorted(self._fns)}")
+        return self._fns[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._fns)
+
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+KL_ESTIMATORS = Registry("KL estimator")
+LOSS_AGGREGATIONS = Registry("loss aggregation")

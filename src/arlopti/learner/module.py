@@ -1,0 +1,379 @@
+"""``GRPOModule``: the learner. GRPO, Advantage Reweighting and Lopti with manual optimisation.
+
+One ``training_step`` consumes one rollout step (the :class:`Experience` the rollout callback
+attached to the batch) and does exactly this:
+
+1. old log-probs ``logπ_old`` of the sampled tokens with the current weights (no grad, at the
+   rollout temperature T) and, when β > 0, reference log-probs from the frozen initial policy;
+2. advantages: the configured estimator (``grpo`` by default) per response, broadcast to its
+   tokens; then AR, ``A ← (α·p_old + 1 − α)·A``, once, before any update;
+3. the phase plan: GRPO has one phase (all tokens); Lopti has ``[low, high]`` split at
+   ``p_old < η`` (``reverse`` swaps them);
+4. optimizer steps. ``granularity=batch`` (official): for each phase, a full pass over all
+   mini-batches → steps ``[low mb1 … low mbK, high mb1 … high mbK]``. ``granularity=minibatch``:
+   ``[low mb1, high mb1, low mb2, …]``. Each step: zero grads, accumulate micro-batch
+   gradients (``manual_backward``), clip by global norm, ``opt.step()``, scheduler step.
+   ``ppo_epochs`` repeats the whole plan.
+
+Loss normaliser (``algorithm.token_mean_scope``): ``minibatch`` (default) divides every
+micro-batch's token sum by the valid-token count of the *whole mini-batch summed over ranks*,
+so a step's gradient is the exact token-mean over the mini-batch however it is split across
+micro-batches and ranks (verl's global token-mean). ``microbatch`` is the official verl-0.2
+behaviour: each micro-batch's own token-mean divided by the number of micro-batches. Under
+Lopti both phases divide by *all* valid tokens (``lopti.normalize=all``, official) or by the
+phase's own (``phase``).
+
+Empty phases: a phase with no tokens on any rank (e.g. no token with p_old < η) takes no
+optimizer step and is logged as ``update/<phase>/skipped_empty``. Adam's moments and step
+count are then untouched, so the next step's bias correction is as if the phase never existed.
+
+Non-finite loss or gradient norm: the step is skipped (gradients dropped, no optimizer or
+scheduler step), logged as ``update/nonfinite_skips``, and training continues; after
+``algorithm.max_consecutive_skips`` skipped steps in a row it aborts with a clear message.
+
+Counters: Lightning's ``global_step`` counts optimizer steps (so Lopti doubles it);
+``rollout_step`` counts training steps (TensorBoard's x-axis, checkpoint cadence) and
+``weight_version`` increments on every optimizer step (the rollout engine syncs on it).
+
+Learning rate: constant after ``optim.warmup_steps`` of linear warm-up, stepped per optimizer
+step. The official code's constant-with-warmup schedule has multiplier 0 at step 0, so its
+very first update runs at lr = 0; we do not reproduce that (step 0 runs at lr/warmup or lr).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+
+import lightning.pytorch as L
+import torch
+from torch import Tensor
+
+from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, LossConfig, Phase, advantage_reweight, ar_weights,
+                                broadcast_to_tokens, grpo_objective, normaliser, phase_plan,
+                                zero_std_group_fraction)
+from arlopti.config import RunConfig, validate_run
+from arlopti.learner.experience import Experience
+from arlopti.learner.policy import PolicyLM, batched_logprobs, disable_dropout
+from arlopti.models import TinySpec, load_causal_lm
+
+
+@dataclass
+class StepContext:
+    """What one training step computed, for diagnostics callbacks (read in on_train_batch_end)."""
+
+    experience: Experience
+    old_log_probs: Tensor  # [B, R]
+    advantages_raw: Tensor  # [B, R] before AR
+    advantages: Tensor  # [B, R] after AR
+    phases: list[Phase]
+    metrics: dict[str, float]
+
+
+class NonFiniteAbort(RuntimeError):
+    pass
+
+
+class GRPOModule(L.LightningModule):
+    """See the module docstring. ``cfg`` is a validated :class:`~arlopti.config.RunConfig`."""
+
+    def __init__(self, cfg: RunConfig, tokenizer=None, total_rollout_steps: int | None = None,
+                 log_completions: int = 2):
+        super().__init__()
+        self.automatic_optimization = False
+        validate_run(cfg)
+        self.cfg = cfg
+        self.save_hyperparameters({"run": asdict(cfg)})
+        self.tokenizer = tokenizer
+        self.total_rollout_steps = total_rollout_steps
+        self.log_completions = log_completions
+        self.policy = PolicyLM(self._load_model(), cfg.model.logprob_impl)
+        self.ref: PolicyLM | None = None
+        if cfg.algorithm.kl_coef > 0:  # β = 0 loads no reference model
+            self.ref = PolicyLM(self._load_model(), cfg.model.logprob_impl)
+            self.ref.requires_grad_(False)
+            self.ref.eval()
+        if cfg.model.gradient_checkpointing:
+            self.policy.hf.gradient_checkpointing_enable()
+        self.loss_cfg = LossConfig(
+            clip_low=cfg.algorithm.clip_low, clip_high=cfg.algorithm.clip_high,
+            dual_clip=cfg.algorithm.dual_clip, agg=cfg.algorithm.loss_agg, kl_coef=cfg.algorithm.kl_coef,
+            kl_estimator=cfg.algorithm.kl_estimator, entropy_coef=cfg.algorithm.entropy_coef)
+        self.rollout_step = 0
+        self.weight_version = 0
+        self.consecutive_skips = 0
+        self.total_skips = 0
+        self.last_step_context: StepContext | None = None
+        self.strict_loading = False  # the reference model is rebuilt from the config, not saved
+
+    # ------------------------------------------------------------------ set-up
+    def _load_model(self):
+        m = self.cfg.model
+        t = m.tiny
+        spec = TinySpec(arch=t.arch, hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+                        num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
+                        tie_word_embeddings=t.tie_word_embeddings, seed=t.seed)
+        model = load_causal_lm(m.name_or_path, self.tokenizer, dtype=m.dtype, tiny=spec)
+        disable_dropout(model)
+        return model
+
+    @property
+    def temperature(self) -> float:
+        return self.cfg.rollout.temperature
+
+    @property
+    def world(self) -> int:
+        return self.trainer.world_size if self._trainer is not None else 1
+
+    def setup(self, stage: str) -> None:
+        validate_run(self.cfg, world_size=self.world)
+
+    def configure_optimizers(self):
+        o = self.cfg.optim
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        if o.name == "adamw":
+            opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        else:
+            opt = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        warm = o.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+        return [opt], [{"scheduler": sched, "interval": "step"}]
+
+    # ------------------------------------------------------------------ helpers
+    def _all_sum(self, value: float) -> float:
+        """Sum a scalar over data-parallel ranks (identity on one process)."""
+        if self.world == 1:
+            return float(value)
+        t = torch.tensor(float(value), device=self.device, dtype=torch.float64)
+        return float(self.trainer.strategy.reduce(t, reduce_op="sum"))
+
+    def _micro_batches(self, rows: list[int]) -> list[list[int]]:
+        n = self.cfg.sizes.micro_batch_size
+        return [rows[i:i + n] for i in range(0, len(rows), n)]
+
+    def _clip_and_norm(self) -> float:
+        params = [p for p in self.policy.parameters() if p.grad is not None]
+        max_norm = self.cfg.optim.grad_clip
+        if not params:
+            return 0.0
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+        if hasattr(norm, "full_tensor"):  # DTensor under FSDP2
+            norm = norm.full_tensor()
+        return float(norm)
+
+    # ------------------------------------------------------------------ the step
+    def training_step(self, batch, batch_idx: int):
+        exp: Experience | None = getattr(batch, "experience", None)
+        if exp is None:
+            raise RuntimeError("the batch carries no experience: add arlopti.rollout.RolloutCallback to the "
+                               "trainer callbacks (callbacks=default does)")
+        exp = _to_device(exp, self.device)
+        a, s = self.cfg.algorithm, self.cfg.sizes
+        metrics: dict[str, float] = {}
+        t0 = time.perf_counter()
+
+        # 1. old and reference log-probs, once per step, before any update
+        was_training = self.policy.training
+        self.policy.eval()
+        old_logp, _ = batched_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.prompt_len,
+                                       self.temperature, s.logprob_micro_batch_size)
+        ref_logp = None
+        if self.ref is not None:
+            ref_logp, _ = batched_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.prompt_len,
+                                           self.temperature, s.logprob_micro_batch_size)
+        self.policy.train(was_training)
+        mask = exp.response_mask
+        old_logp = old_logp * mask  # padding: logp 0 (p = 1), never used
+        t_logp = time.perf_counter() - t0
+
+        # 2. advantages, then AR
+        adv_seq = ADVANTAGE_ESTIMATORS.get(a.advantage)(exp.rewards, exp.group_ids, eps=a.adv_eps)
+        adv_raw = broadcast_to_tokens(adv_seq.to(mask.device), mask)
+        adv = advantage_reweight(adv_raw, old_logp, a.ar_alpha) if a.ar_alpha > 0 else adv_raw
+
+        # 3. phases
+        phases = phase_plan(mask, old_logp, a.lopti.eta if a.lopti.enabled else None, a.lopti.reverse)
+
+        # 4. optimizer steps
+        t1 = time.perf_counter()
+        per_rank_mini = s.mini_batch_size // self.world
+        rows = list(range(len(exp)))
+        minis = [rows[i:i + per_rank_mini] for i in range(0, len(rows), per_rank_mini)]
+        phase_stats: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        plan: list[tuple[Phase, list[int]]] = []
+        for _ in range(a.ppo_epochs):
+            if a.lopti.granularity == "batch" or len(phases) == 1:
+                plan += [(ph, mb) for ph in phases for mb in minis]
+            else:
+                plan += [(ph, mb) for mb in minis for ph in phases]
+        empty = {ph.name: self._all_sum(float(ph.token_mask.sum())) == 0 for ph in phases}
+        for ph, mb in plan:
+            if empty[ph.name]:
+                continue
+            self._optimizer_step(exp, mb, ph, old_logp, ref_logp, adv, phase_stats[ph.name])
+        t_update = time.perf_counter() - t1
+
+        # 5. bookkeeping and metrics
+        self.rollout_step += 1
+        for ph in phases:
+            stats = phase_stats.get(ph.name, {})
+            prefix = f"update/{ph.name}"
+            metrics[f"{prefix}/skipped_empty"] = float(empty[ph.name])
+            for k, v in stats.items():
+                metrics[f"{prefix}/{k}"] = float(sum(v) / len(v))
+        metrics.update(self._rollout_metrics(exp, old_logp, adv_raw, adv, phases))
+        metrics["timing/logprobs_s"] = t_logp
+        metrics["timing/update_s"] = t_update
+        for k, v in exp.timings.items():
+            metrics[f"timing/{k}"] = v
+        n_tokens = float(mask.sum())
+        total_t = t_logp + t_update + sum(exp.timings.values())
+        metrics["timing/tokens_per_s"] = n_tokens / total_t if total_t > 0 else 0.0
+        metrics["update/lr"] = float(self.optimizers().param_groups[0]["lr"])
+        metrics["update/nonfinite_skips"] = float(self.total_skips)
+        metrics["update/optimizer_steps"] = float(self.trainer.global_step) if self._trainer else 0.0
+        metrics = self._reduce_metrics(metrics)
+        self.last_step_context = StepContext(exp, old_logp, adv_raw, adv, phases, metrics)
+        self._log_step(metrics, exp, old_logp)
+        if self._trainer is not None:
+            dm = getattr(self.trainer, "datamodule", None)
+            if dm is not None and hasattr(dm, "mark_consumed"):
+                dm.mark_consumed(batch)
+            if self.total_rollout_steps is not None and self.rollout_step >= self.total_rollout_steps:
+                self.trainer.should_stop = True
+        return None
+
+    def _optimizer_step(self, exp: Experience, rows: list[int], phase: Phase, old_logp: Tensor,
+                        ref_logp: Tensor | None, adv: Tensor, stats: dict[str, list[float]]) -> None:
+        a, s = self.cfg.algorithm, self.cfg.sizes
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        opt.zero_grad(set_to_none=True)
+        rows_t = torch.tensor(rows, device=exp.input_ids.device)
+        denom_mask = exp.response_mask[rows_t] if a.lopti.normalize == "all" else phase.token_mask[rows_t].float()
+        micros = self._micro_batches(rows)
+        if a.token_mean_scope == "minibatch":
+            # Each rank's gradient is averaged over ranks by DDP/FSDP, hence the / world.
+            scale = self._all_sum(normaliser(denom_mask, a.loss_agg)) / self.world
+            scale = max(scale, 1e-8)
+        else:
+            scale = None
+        step_metrics: dict[str, list[float]] = defaultdict(list)
+        loss_total = 0.0
+        for micro in micros:
+            sub = exp.select(micro)
+            idx = torch.tensor(micro, device=exp.input_ids.device)
+            r = sub.response_mask.shape[1]
+            logp, ent = self.policy(sub.input_ids, sub.attention_mask, sub.prompt_len, self.temperature,
+                                    with_entropy=True)
+            loss, m = grpo_objective(
+                logp, old_logp[idx, :r], adv[idx, :r], sub.response_mask, phase.token_mask[idx, :r], self.loss_cfg,
+                ref_log_probs=None if ref_logp is None else ref_logp[idx, :r], entropy=ent, scale=scale,
+                horizon=self.cfg.rollout.max_new_tokens, normalize=a.lopti.normalize)
+            if scale is None:
+                loss = loss / len(micros)
+            self.manual_backward(loss)
+            loss_total += float(loss.detach())
+            for k, v in m.items():
+                step_metrics[k].append(v)
+        grad_norm = self._clip_and_norm()
+        if not (math.isfinite(loss_total) and math.isfinite(grad_norm)):
+            opt.zero_grad(set_to_none=True)
+            self.consecutive_skips += 1
+            self.total_skips += 1
+            stats["nonfinite_skipped"].append(1.0)
+            if self.consecutive_skips >= a.max_consecutive_skips:
+                raise NonFiniteAbort(
+                    f"{self.consecutive_skips} consecutive optimizer steps had a non-finite loss or gradient "
+                    f"(last loss={loss_total}, grad_norm={grad_norm}) at rollout step {self.rollout_step}. "
+                    "Lower optim.lr, check the reward and the data, or raise algorithm.max_consecutive_skips.")
+            return
+        self.consecutive_skips = 0
+        opt.step()
+        sched.step()
+        self.weight_version += 1
+        stats["loss"].append(loss_total)
+        stats["grad_norm"].append(grad_norm)
+        stats["steps"].append(1.0)
+        for k, v in step_metrics.items():
+            stats[k].append(sum(v) if k == "tokens" else sum(v) / len(v))
+
+    # ------------------------------------------------------------------ metrics
+    def _rollout_metrics(self, exp: Experience, old_logp: Tensor, adv_raw: Tensor, adv: Tensor,
+                         phases: list[Phase]) -> dict[str, float]:
+        mask = exp.response_mask.bool()
+        lengths = exp.response_mask.sum(-1)
+        out = {
+            "reward/mean": float(exp.rewards.mean()),
+            "reward/std": float(exp.rewards.std()) if len(exp) > 1 else 0.0,
+            "reward/accuracy": float(exp.correct.float().mean()),
+            "reward/zero_std_group_frac": zero_std_group_fraction(exp.rewards, exp.group_ids),
+            "rollout/response_len_mean": float(lengths.mean()),
+            "rollout/response_len_max": float(lengths.max()),
+            "rollout/truncated_frac": float(exp.truncated.float().mean()),
+            "rollout/responses": float(len(exp)),
+            "rollout/tokens": float(mask.sum()),
+        }
+        for k, v in exp.components.items():
+            out[f"reward/{k}"] = float(v.float().mean())
+        p = torch.exp(old_logp)[mask]
+        out["rollout/token_prob_mean"] = float(p.mean()) if p.numel() else 0.0
+        if self.cfg.algorithm.ar_alpha > 0:
+            out["ar/weight_mean"] = float(ar_weights(old_logp, self.cfg.algorithm.ar_alpha)[mask].mean())
+        for ph in phases:
+            if ph.name != "all":
+                out[f"lopti/{ph.name}_tokens"] = float(ph.token_mask.sum())
+                out[f"lopti/{ph.name}_frac"] = float(ph.token_mask.sum()) / max(1.0, float(mask.sum()))
+        return out
+
+    def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Average every metric over ranks (max-type metrics are close enough for logging)."""
+        if self.world == 1:
+            return metrics
+        keys = sorted(metrics)
+        t = torch.tensor([metrics[k] for k in keys], device=self.device, dtype=torch.float64)
+        t = self.trainer.strategy.reduce(t, reduce_op="mean")
+        return {k: float(v) for k, v in zip(keys, t.tolist())}
+
+    def _log_step(self, metrics: dict[str, float], exp: Experience, old_logp: Tensor) -> None:
+        self.log("reward", metrics["reward/mean"], prog_bar=True, on_step=True, rank_zero_only=True)
+        self.log("rollout_step", float(self.rollout_step), prog_bar=True, on_step=True, rank_zero_only=True)
+        if self._trainer is None or self.trainer.global_rank != 0:
+            return
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=self.rollout_step)
+            writer = getattr(logger, "experiment", None)
+            if writer is not None and hasattr(writer, "add_histogram"):
+                p = torch.exp(old_logp)[exp.response_mask.bool()]
+                if p.numel():
+                    writer.add_histogram("rollout/token_prob_hist", p.float().cpu(), self.rollout_step)
+                for i in range(min(self.log_completions, len(exp))):
+                    prompt = exp.prompt_texts[i][-300:] if exp.prompt_texts else ""
+                    text = (f"**reward {float(exp.rewards[i]):.2f}**\n\n    ...{prompt}\n\n    "
+                            + exp.response_texts[i].replace("\n", "\n    "))
+                    writer.add_text(f"samples/{i}", text, self.rollout_step)
+
+    # ------------------------------------------------------------------ checkpoints
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["arlopti"] = {"rollout_step": self.rollout_step, "weight_version": self.weight_version,
+                                 "total_skips": self.total_skips}
+        state = checkpoint.get("state_dict", {})
+        for key in [k for k in state if k.startswith("ref.")]:
+            del state[key]
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        extra = checkpoint.get("arlopti", {})
+        self.rollout_step = int(extra.get("rollout_step", 0))
+        self.weight_version = int(extra.get("weight_version", 0)) + 1  # force an engine sync
+        self.total_skips = int(extra.get("total_skips", 0))
+
+
+def _to_device(exp: Experience, device) -> Experience:
+    if exp.input_ids.device == torch.device(device):
+        return exp
+    for name in ("input_ids", "attention_mask", "response_mask", "rewards", "group_ids", "truncated", "correct"):
+        setattr(exp, name, getattr(exp, name).to(device))
+    return exp

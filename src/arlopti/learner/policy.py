@@ -1,0 +1,94 @@
+"""A causal LM wrapped so that its forward returns per-token log-probs of the response.
+
+``PolicyLM(hf_model)(input_ids, attention_mask, prompt_len, temperature)`` runs the decoder
+backbone, then sends the hidden states of the response positions through
+:func:`arlopti.algorithms.logprobs.token_logprobs` with the LM-head weight, so that the full
+``[B, T, V]`` logits never have to exist (with ``logprob_impl="fused"``).
+
+Layout of a batch (built by the rollout callback): ``input_ids = [prompt | response]`` with
+prompts **left**-padded to a common length ``P`` and responses **right**-padded to ``R``. The
+response token at position ``P + j`` is predicted from the hidden state at ``P + j − 1``.
+Position ids follow the attention mask (``cumsum − 1``), exactly as HF ``generate`` numbers
+them, so the training forward sees the same positions the sampler saw.
+
+Why a wrapper and not ``hf_model(...)``: under FSDP2 the wrapper is the root module whose
+forward unshards the embedding, final norm and LM head; calling the backbone and head piecewise
+from outside a module's forward would see sharded parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from arlopti.algorithms.logprobs import token_logprobs
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    pos = attention_mask.long().cumsum(-1) - 1
+    return pos.clamp(min=0)
+
+
+def _head_of(hf_model: nn.Module) -> nn.Linear:
+    head = hf_model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        raise TypeError(f"{type(hf_model).__name__}: the LM head is {type(head).__name__}, not nn.Linear; "
+                        "only plain linear heads are supported")
+    cfg = getattr(hf_model, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale"):
+        if getattr(cfg, key, None) not in (None, 1.0):
+            raise NotImplementedError(f"model config sets {key}; arlopti's log-prob path does not apply it")
+    return head
+
+
+class PolicyLM(nn.Module):
+    """``forward`` → ``(log_probs [B, R], entropy [B, R] | None)`` in fp32."""
+
+    def __init__(self, hf_model: nn.Module, logprob_impl: str = "naive"):
+        super().__init__()
+        self.hf = hf_model
+        self.logprob_impl = logprob_impl
+        _head_of(hf_model)
+
+    @property
+    def config(self):
+        return self.hf.config
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float = 1.0,
+                with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+        backbone = self.hf.get_decoder()
+        head = self.hf.get_output_embeddings()
+        out = backbone(input_ids=input_ids, attention_mask=attention_mask,
+                       position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+        hidden = out.last_hidden_state[:, prompt_len - 1:-1]  # predicts tokens P .. L-1
+        targets = input_ids[:, prompt_len:]
+        b, r, h = hidden.shape
+        logp, ent = token_logprobs(hidden.reshape(b * r, h), head.weight, targets.reshape(b * r),
+                                   temperature=temperature, bias=head.bias, impl=self.logprob_impl,
+                                   with_entropy=with_entropy)
+        return logp.view(b, r), (ent.view(b, r) if ent is not None else None)
+
+
+def disable_dropout(model: nn.Module) -> None:
+    """RL log-prob ratios assume a deterministic forward: zero every dropout probability."""
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    cfg = getattr(model, "config", None)
+    for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if cfg is not None and isinstance(getattr(cfg, key, None), float):
+            setattr(cfg, key, 0.0)
+
+
+@torch.no_grad()
+def batched_logprobs(policy: nn.Module, input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
+                     temperature: float, micro_batch_size: int, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """No-grad log-probs over a whole batch in chunks of ``micro_batch_size`` rows."""
+    logps, ents = [], []
+    for lo in range(0, input_ids.shape[0], micro_batch_size):
+        lp, en = policy(input_ids[lo:lo + micro_batch_size], attention_mask[lo:lo + micro_batch_size],
+                        prompt_len, temperature, with_entropy)
+        logps.append(lp)
+        if en is not None:
+            ents.append(en)
+    return torch.cat(logps), (torch.cat(ents) if ents else None)

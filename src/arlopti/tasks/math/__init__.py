@@ -1,0 +1,64 @@
+"""The math task: official prompt, last-``\\boxed`` reward, isolated symbolic grading.
+
+Public API:
+
+* :func:`score_response` / :func:`score_response_detailed` - the official reward of one
+  response (module-level grader, closed atexit);
+* :class:`MathGrader` - batch grading through a worker pool with hard timeouts;
+* :class:`MathTask` - the :class:`~arlopti.tasks.base.Task` registered as ``"math"``;
+* :func:`build_prompt`, :data:`SUFFIX`, :data:`TEMPLATES` - the prompt.
+
+Importing this package does not import sympy or math-verify: those load only in the
+grader's worker processes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from arlopti.tasks.base import RewardResult, Task, register_task
+from arlopti.tasks.math.grader import (
+    HOW_VALUES,
+    GradeDetail,
+    MathGrader,
+    close_default_grader,
+    default_grader,
+    score_response,
+    score_response_detailed,
+)
+from arlopti.tasks.math.prompts import SUFFIX, TEMPLATES, build_prompt, prompt_text, strip_suffix
+
+__all__ = [
+    "HOW_VALUES", "GradeDetail", "MathGrader", "MathTask", "SUFFIX", "TEMPLATES", "build_prompt",
+    "close_default_grader", "default_grader", "prompt_text", "score_response",
+    "score_response_detailed", "strip_suffix",
+]
+
+
+@register_task("math")
+class MathTask(Task):
+    """Scores math responses: reward 1 for a matching final boxed answer, else 0.
+
+    Keyword arguments go to :class:`MathGrader` (``num_workers``, ``timeout_s``, ``think_mode``,
+    ...). Components per response: ``boxed`` (1 if a boxed answer was found) and ``timeout``
+    (1 if the symbolic check was killed at its timeout).
+    """
+
+    name = "math"
+
+    def __init__(self, **grader_kwargs: Any):
+        self.grader = MathGrader(**grader_kwargs)
+
+    def score(self, responses: list[str], ground_truths: list[Any], metas: list[dict]) -> list[RewardResult]:
+        details = self.grader.grade_detailed(responses, ground_truths)
+        return [
+            RewardResult(
+                reward=d.reward,
+                correct=d.reward == 1.0,
+                components={"boxed": float(d.how != "no_box"), "timeout": float(d.how == "timeout")},
+            )
+            for d in details
+        ]
+
+    def close(self) -> None:
+        self.grader.close()

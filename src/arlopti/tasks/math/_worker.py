@@ -1,0 +1,110 @@
+"""Entry point of one grader worker process. Run by path, never imported by the trainer.
+
+``python _worker.py READ_FD WRITE_FD MEMORY_LIMIT_MB PRELOAD`` - started by
+:class:`arlopti.tasks.math.pool.WorkerPool` in a fresh interpreter. Being run by file path
+(not ``-m``) keeps the worker free of the parent's ``__main__`` module and of the ``arlopti``
+package imports: it loads only ``symbolic.py`` (math-verify, sympy) next to this file.
+
+Protocol over two pipes (``multiprocessing.connection`` framing, pickled tuples): the worker
+sends ``("ready", pid)`` once its imports are done, then answers each
+``(task_id, function_name, args)`` with ``("ok", task_id, value)`` or
+``("error", task_id, exception_type_name)``; ``None`` or EOF makes it exit.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _test_sleep(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def _test_bigint(exponent: int) -> int:
+    # One C call that holds the GIL: signal handlers cannot interrupt it, only a kill can.
+    return pow(7, exponent).bit_length()
+
+
+def _test_exit(code: int) -> None:
+    os._exit(code)
+
+
+def _test_echo(value):
+    return value
+
+
+def _load_symbolic():
+    spec = importlib.util.spec_from_file_location("arlopti_math_symbolic_worker", _HERE / "symbolic.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _set_parent_death_signal() -> None:
+    """SIGKILL this worker if the parent dies (Linux; best effort), so no orphan keeps running."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def main(argv: list[str]) -> int:
+    read_fd, write_fd, memory_limit_mb = int(argv[0]), int(argv[1]), int(argv[2])
+    preload = len(argv) < 4 or argv[3] == "1"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
+    _set_parent_death_signal()
+    if memory_limit_mb > 0:
+        try:
+            import resource
+
+            limit = memory_limit_mb * 1024 * 1024
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        except (ImportError, ValueError, OSError):
+            pass
+    inbox = Connection(read_fd, writable=False)
+    outbox = Connection(write_fd, readable=False)
+    functions = {
+        "test.sleep": _test_sleep,
+        "test.bigint": _test_bigint,
+        "test.exit": _test_exit,
+        "test.echo": _test_echo,
+    }
+    if preload:  # without it (pool tests only) "symbolic_match" is unknown -> KeyError reply
+        functions["symbolic_match"] = _load_symbolic().symbolic_match
+    outbox.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = inbox.recv()
+        except (EOFError, OSError):
+            return 0
+        if msg is None:
+            return 0
+        task_id, name, args = msg
+        try:
+            reply = ("ok", task_id, functions[name](*args))
+        except BaseException as err:  # noqa: BLE001  (MemoryError, RecursionError, anything)
+            # Only the type name: str() of some sympy errors is itself slow.
+            reply = ("error", task_id, type(err).__name__)
+        try:
+            outbox.send(reply)
+        except (OSError, ValueError, TypeError):
+            return 0
+
+
+if __name__ == "__main__":
+    # Running by path puts this folder first on sys.path; its module names (pool, grader, ...)
+    # must not shadow anything sympy imports.
+    if sys.path and Path(sys.path[0]).resolve() == _HERE:
+        sys.path.pop(0)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,20 @@
+"""Train: ``python train.py experiment=kk_lopti`` (see README and configs/)."""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train.yaml")
+def main(cfg: DictConfig) -> None:
+    from arlopti.train import train
+
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()
