@@ -1,0 +1,121 @@
+"""Evaluate a policy on prompt sets through a rollout engine: the core of validation and ``eval.py``.
+
+An :class:`EvalMode` is one way of sampling (the official K&K validation uses two: greedy and
+one sample at T = 1; the official math protocol one: 16 samples at T = 1). For every set, mode
+and prompt, ``n`` responses are generated and scored with the set's task, giving a
+``[problems, n]`` correctness matrix, and from it:
+
+* ``acc`` (n = 1): the fraction of correct responses;
+* ``avg@n`` (n > 1): mean correctness over all n·problems samples (mean pass@1);
+* ``pass@n`` (n > 1): fraction of problems with at least one correct sample;
+* ``reward``: mean task reward; for K&K also ``format_rate`` (the format check passed).
+
+Metric keys: ``val/<task>/<set>/<mode>/<metric>``, plus ``val/<task>/mean/<mode>/<metric>``
+averaged over the sets (unweighted, as the paper averages benchmarks). Under data parallelism
+each rank evaluates every ``world``-th prompt and ``reduce_sum`` adds the counts up.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from arlopti.data.batch import PromptSample
+from arlopti.rollout.engine import RolloutEngine, SamplingConfig
+from arlopti.tasks.base import Task
+
+
+@dataclass(frozen=True)
+class EvalMode:
+    name: str = "greedy"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+
+
+GREEDY = EvalMode("greedy", 0.0, 1.0, -1, 1)
+KK_MODES = (GREEDY, EvalMode("sampling", 1.0, 1.0, -1, 1))
+MATH_MODES = (EvalMode("sampling", 1.0, 1.0, -1, 16),)
+
+
+@dataclass
+class SetResult:
+    """Counts for one (set, mode), summed over ranks, and a few local samples for inspection."""
+
+    name: str
+    task: str
+    mode: str
+    problems: int
+    n: int
+    correct: float  # correct responses
+    passed: float  # problems with at least one correct response
+    reward: float  # sum of rewards
+    format_ok: float | None = None  # responses that passed the format check (K&K)
+    samples: list[dict] = field(default_factory=list)
+
+
+def metrics_of(res: SetResult) -> dict[str, float]:
+    total = max(1, res.problems * res.n)
+    out: dict[str, float] = {}
+    if res.n == 1:
+        out["acc"] = res.correct / total
+    else:
+        out[f"avg@{res.n}"] = res.correct / total
+        out[f"pass@{res.n}"] = res.passed / max(1, res.problems)
+    out["reward"] = res.reward / total
+    if res.format_ok is not None:
+        out["format_rate"] = res.format_ok / total
+    return out
+
+
+def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], modes: dict[str, tuple[EvalMode, ...]],
+                  task_for: Callable[[str], Task], max_new_tokens: int, seed: int = 0, limit: int | None = None,
+                  rank: int = 0, world: int = 1, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                  keep_samples: int = 0) -> tuple[dict[str, float], list[SetResult]]:
+    """Generate and score every set under every mode of its task; return (metrics, per-set results)."""
+    metrics: dict[str, float] = {}
+    results: list[SetResult] = []
+    per_task_mode: dict[tuple[str, str], list[dict[str, float]]] = {}
+    t0 = time.perf_counter()
+    for set_name, samples in sets.items():
+        if not samples:
+            continue
+        samples = samples[:limit] if limit else samples
+        task_name = samples[0].task
+        mine = samples[rank::world]
+        for mode in modes.get(task_name, (GREEDY,)):
+            sampling = SamplingConfig(temperature=mode.temperature, top_p=mode.top_p, top_k=mode.top_k,
+                                      max_new_tokens=max_new_tokens, seed=seed)
+            comps = engine.generate([s.prompt_ids for s in mine], mode.n, sampling) if mine else []
+            texts = [c.text for cs in comps for c in cs]
+            gts = [s.ground_truth for s, cs in zip(mine, comps) for _ in cs]
+            metas = [s.meta for s, cs in zip(mine, comps) for _ in cs]
+            scored = task_for(task_name).score(texts, gts, metas) if texts else []
+            correct = torch.tensor([float(r.correct) for r in scored], dtype=torch.float64).view(len(mine), mode.n)
+            has_fmt = bool(scored) and "format_ok" in scored[0].components
+            stats = torch.tensor([
+                float(len(mine)), float(correct.sum()),
+                float(correct.max(dim=1).values.sum()) if correct.numel() else 0.0,
+                float(sum(r.reward for r in scored)),
+                float(sum(r.components.get("format_ok", 0.0) for r in scored)),
+            ], dtype=torch.float64)
+            if reduce_sum is not None:
+                stats = reduce_sum(stats).double().cpu()
+            res = SetResult(set_name, task_name, mode.name, int(stats[0]), mode.n, float(stats[1]),
+                            float(stats[2]), float(stats[3]), float(stats[4]) if has_fmt else None)
+            res.samples = [{"prompt": s.prompt_text[-400:], "response": cs[0].text, "correct": bool(correct[i, 0])}
+                           for i, (s, cs) in enumerate(zip(mine[:keep_samples], comps[:keep_samples]))]
+            results.append(res)
+            m = metrics_of(res)
+            per_task_mode.setdefault((task_name, mode.name), []).append(m)
+            for k, v in m.items():
+                metrics[f"val/{task_name}/{set_name}/{mode.name}/{k}"] = v
+    for (task_name, mode_name), rows in per_task_mode.items():
+        for k in rows[0]:
+            metrics[f"val/{task_name}/mean/{mode_name}/{k}"] = sum(r[k] for r in rows) / len(rows)
+    metrics["timing/eval_s"] = time.perf_counter() - t0
+    return metrics, results
