@@ -59,6 +59,28 @@ class Experience:
         )
 
 
+def pad_prompt_response(prompts: list[list[int]], responses: list[list[int]], pad_id: int
+                        ) -> tuple[Tensor, Tensor, Tensor, int]:
+    """``[prompt | response]`` rows: prompts left-padded to P, responses right-padded to R.
+
+    Returns ``(input_ids [B, P+R], attention_mask [B, P+R], response_mask [B, R] float, P)``.
+    """
+    p = max(len(x) for x in prompts)
+    r = max(1, max(len(x) for x in responses))
+    b = len(prompts)
+    input_ids = torch.full((b, p + r), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, p + r), dtype=torch.long)
+    resp_mask = torch.zeros((b, r), dtype=torch.float32)
+    for row, (ids, out) in enumerate(zip(prompts, responses)):
+        input_ids[row, p - len(ids):p] = torch.tensor(ids, dtype=torch.long)
+        attn[row, p - len(ids):p] = 1
+        if out:
+            input_ids[row, p:p + len(out)] = torch.tensor(out, dtype=torch.long)
+            attn[row, p:p + len(out)] = 1
+            resp_mask[row, :len(out)] = 1
+    return input_ids, attn, resp_mask, p
+
+
 def build_experience(prompt_ids: list[list[int]], completions: list[list[Completion]],
                      results: list[RewardResult], pad_id: int, group_offset: int = 0,
                      prompt_texts: list[str] | None = None, metas: list[dict] | None = None) -> Experience:
@@ -70,24 +92,14 @@ def build_experience(prompt_ids: list[list[int]], completions: list[list[Complet
     flat = [(i, c) for i, cs in enumerate(completions) for c in cs]
     if len(flat) != len(results):
         raise ValueError(f"{len(flat)} completions but {len(results)} reward results")
-    p = max(len(ids) for ids in prompt_ids)
-    r = max(1, max(len(c.token_ids) for _, c in flat))
+    input_ids, attn, resp_mask, p = pad_prompt_response([prompt_ids[i] for i, _ in flat],
+                                                        [c.token_ids for _, c in flat], pad_id)
+    eng_lp = None
+    if all(c.logprobs is not None for _, c in flat):
+        eng_lp = torch.zeros_like(resp_mask)
+        for row, (_, c) in enumerate(flat):
+            eng_lp[row, :len(c.token_ids)] = torch.tensor(c.logprobs[:len(c.token_ids)])
     b = len(flat)
-    input_ids = torch.full((b, p + r), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, p + r), dtype=torch.long)
-    resp_mask = torch.zeros((b, r), dtype=torch.float32)
-    eng_lp = torch.zeros((b, r)) if all(c.logprobs is not None for _, c in flat) else None
-    for row, (i, c) in enumerate(flat):
-        ids = prompt_ids[i]
-        input_ids[row, p - len(ids):p] = torch.tensor(ids, dtype=torch.long)
-        attn[row, p - len(ids):p] = 1
-        n = len(c.token_ids)
-        if n:
-            input_ids[row, p:p + n] = torch.tensor(c.token_ids, dtype=torch.long)
-            attn[row, p:p + n] = 1
-            resp_mask[row, :n] = 1
-            if eng_lp is not None:
-                eng_lp[row, :n] = torch.tensor(c.logprobs[:n])
     comps: dict[str, list[float]] = {}
     for res in results:
         for k, v in res.components.items():
