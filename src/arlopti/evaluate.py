@@ -50,14 +50,15 @@ def suite_records(suite: dict) -> dict[str, list[PromptRecord]]:
     elif task == "kk":
         from arlopti.data.readers import read_records
         from arlopti.tasks.kk import Puzzle, build_prompt
+        from arlopti.tasks.kk.sources import find_layout
 
-        data_dir = Path(suite["data_dir"])
+        tests = find_layout(suite["data_dir"]).test_files  # kk_test_{N}ppl.jsonl or test_{N}ppl.jsonl
         for n in suite["people"]:
-            path = data_dir / f"kk_test_{n}ppl.jsonl"
-            if not path.exists():
+            if n not in tests:
                 raise FileNotFoundError(
-                    f"eval.data_dir: {path} is missing; point eval.data_dir at the official K&K test sets "
-                    "(../shared/fixtures/kk) or a `python -m arlopti.data.prepare kk` output")
+                    f"eval.data_dir={suite['data_dir']} has no test file for N={n} (have {sorted(tests)}); point "
+                    "eval.data_dir at the official K&K test sets or a `python -m arlopti.data.prepare kk` output")
+            path = tests[n]
             rows = read_records(path)
             rows = rows[:limit] if limit else rows
             recs = []

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import lightning.pytorch as L
+import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from arlopti.data.batch import PromptBatch, PromptSample, collate_prompts
@@ -109,6 +110,12 @@ class ResumableBatchSampler(Sampler):
     Global batch ``b`` of epoch ``e`` is ``perm_e[b*P:(b+1)*P]`` with ``perm_e`` drawn from
     ``seed + e``; rank ``r`` of ``W`` takes its ``r``-th contiguous ``P/W`` slice. The sampler
     skips the ``consumed`` batches of the current epoch, so a restored state continues exactly.
+
+    Resume contract with Lightning's loop: ``len()`` is always the whole epoch (Lightning adds
+    the batches it already counted to what the restarted iterator yields, as it does for a
+    stateful loader), and ``set_epoch(e)`` for an epoch already finished (``e`` below the saved
+    epoch: a checkpoint written after an epoch's last batch) yields nothing, so Lightning closes
+    that epoch and the next one starts where the data left off.
     """
 
     def __init__(self, num_samples: int, global_batch: int, world_size: int, rank: int,
@@ -126,6 +133,7 @@ class ResumableBatchSampler(Sampler):
         self.num_samples, self.global_batch = num_samples, global_batch
         self.world_size, self.rank, self.seed, self.shuffle = world_size, rank, seed, shuffle
         self.epoch, self.consumed = 0, 0
+        self._finished_epoch = False  # set_epoch asked for an epoch this sampler already completed
 
     @property
     def batches_per_epoch(self) -> int:
@@ -137,6 +145,8 @@ class ResumableBatchSampler(Sampler):
         return np.random.default_rng(self.seed + epoch).permutation(self.num_samples)
 
     def __iter__(self):
+        if self._finished_epoch:
+            return
         epoch, start = self.epoch, self.consumed
         perm = self.order(epoch)
         per_rank = self.global_batch // self.world_size
@@ -145,14 +155,21 @@ class ResumableBatchSampler(Sampler):
             yield [(epoch, b, int(i)) for i in perm[lo:lo + per_rank]]
 
     def __len__(self) -> int:
-        return self.batches_per_epoch - self.consumed
+        return self.batches_per_epoch
+
+    @property
+    def remaining(self) -> int:
+        """Batches of the current epoch not yet consumed."""
+        return 0 if self._finished_epoch else self.batches_per_epoch - self.consumed
 
     def set_epoch(self, epoch: int) -> None:
-        if epoch != self.epoch:
+        self._finished_epoch = epoch < self.epoch
+        if epoch > self.epoch:
             self.epoch, self.consumed = epoch, 0
 
     def mark_consumed(self, position: tuple[int, int]) -> None:
         epoch, batch = position
+        self._finished_epoch = False
         self.epoch, self.consumed = epoch, batch + 1
         if self.consumed >= self.batches_per_epoch:
             self.epoch, self.consumed = epoch + 1, 0
@@ -169,6 +186,7 @@ class ResumableBatchSampler(Sampler):
                     f"{key}={getattr(self, key)}; resume with the same data config"
                 )
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
+        self._finished_epoch = False
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -226,8 +244,11 @@ class PromptDataModule(L.LightningDataModule):
         assert self._sampler is not None, "setup() first"
         if getattr(self, "trainer", None) is not None:
             self._sampler.set_epoch(self.trainer.current_epoch)
+        # Its own generator: creating the iterator (every epoch, and on resume) must not draw from
+        # torch's global RNG, or a resumed run's random stream would shift by one draw.
         return DataLoader(_Indexed(self.train_samples), batch_sampler=self._sampler,
-                          collate_fn=_collate, num_workers=self.num_workers)
+                          collate_fn=_collate, num_workers=self.num_workers,
+                          generator=torch.Generator().manual_seed(self.seed))
 
     def mark_consumed(self, batch: PromptBatch) -> None:
         if self._sampler is not None:

@@ -1,0 +1,85 @@
+"""K&K generator throughput: rendered puzzles per second for N = 3, 5 and 8.
+
+    python benchmarks/bench_kk_generator.py [--quick] [--out benchmarks/out/bench_kk_generator.json]
+
+For each N it times, on one core of whatever machine runs it (the CPU count is printed):
+
+* ``rendered/s``: :func:`arlopti.tasks.kk.sample_puzzles` (sampling, uniqueness filter, names,
+  English) for ``--count`` puzzles (1,000; 200 with ``--quick``), seed 1234;
+* ``logical/s``: :func:`sample_logical_puzzles` alone (no English);
+* ``accept``: the fraction of raw draws with exactly one solution (the uniqueness filter's
+  acceptance rate, measured on 20,000 raw draws; 4,000 with ``--quick``);
+* ``solve us``: microseconds per :func:`solve` call on the accepted puzzles.
+
+Best of three repeats for the timed parts. Not a test: nothing here asserts a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+
+from arlopti.tasks.kk import sample_logical_puzzles, sample_puzzles, solve  # noqa: E402
+from arlopti.tasks.kk.generator import StatementSampler  # noqa: E402
+from arlopti.tasks.kk.solver import count_solutions  # noqa: E402
+
+PEOPLE = (3, 5, 8)
+
+
+def best_of(fn, repeats: int = 3) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def measure(n: int, count: int, raw_draws: int) -> dict:
+    rendered_s = best_of(lambda: sample_puzzles(n, count, seed=1234))
+    logical_s = best_of(lambda: sample_logical_puzzles(n, count, seed=1234))
+    sampler = StatementSampler(np.random.default_rng(0), n)
+    accepted = sum(count_solutions(sampler.puzzle(), n) == 1 for _ in range(raw_draws))
+    puzzles = [s for s, _ in sample_logical_puzzles(n, count, seed=1234)]
+    solve_s = best_of(lambda: [solve(s, n) for s in puzzles])
+    return {
+        "num_people": n, "count": count,
+        "rendered_per_s": count / rendered_s, "logical_per_s": count / logical_s,
+        "acceptance": accepted / raw_draws, "solve_us": solve_s / count * 1e6,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer puzzles (200 per N)")
+    parser.add_argument("--count", type=int, default=None, help="puzzles per N (default 1000, quick 200)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "bench_kk_generator.json")
+    args = parser.parse_args(argv)
+    count = args.count or (200 if args.quick else 1000)
+    raw = 4000 if args.quick else 20000
+
+    rows = [measure(n, count, raw) for n in PEOPLE]
+    print(f"K&K generator, {count} puzzles per N, seed 1234, {os.cpu_count()} CPUs (one used)")
+    print(f"{'N':>3} {'rendered/s':>11} {'logical/s':>10} {'accept':>7} {'solve us':>9}")
+    for r in rows:
+        print(f"{r['num_people']:>3} {r['rendered_per_s']:>11.0f} {r['logical_per_s']:>10.0f} "
+              f"{r['acceptance']:>7.3f} {r['solve_us']:>9.1f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"quick": args.quick, "count": count, "cpus": os.cpu_count(),
+                                    "rows": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

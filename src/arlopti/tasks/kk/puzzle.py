@@ -1,0 +1,158 @@
+"""The :class:`Puzzle` record and its (de)serialisation in the official mem-kk-logic / Logic-RL schema.
+
+Official JSONL records carry ``quiz``, ``names``, ``solution`` (list of bools, True = knight),
+``solution_text``, ``solution_text_format``, ``statements`` (the Python literal of the nested
+tuples, as a string), ``cot_*`` fields, and in the Logic-RL files ``index`` and ``n_people``.
+:meth:`Puzzle.from_record` reads the fields a puzzle needs and ignores the others (``cot_*``);
+:meth:`Puzzle.to_record` writes them back in the same form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from arlopti.tasks.kk import render
+from arlopti.tasks.kk.logic import Statements, format_statements, parse_statements, validate_statements
+from arlopti.tasks.kk.reward import parse_gold
+from arlopti.tasks.kk.solver import MAX_SOLVER_PEOPLE, solve
+
+_NAME = re.compile(r"[A-Za-z]+")
+
+
+@dataclass(frozen=True)
+class Puzzle:
+    """One K&K puzzle. ``solution[i]`` is True when ``names[i]`` is a knight.
+
+    ``index`` is the puzzle's position in its generator stream (the official ``index`` field), or
+    None when unknown.
+    """
+
+    names: tuple[str, ...]
+    statements: Statements
+    solution: tuple[bool, ...]
+    quiz: str
+    solution_text_format: str
+    solution_text: str = ""
+    index: int | None = None
+
+    @property
+    def num_people(self) -> int:
+        return len(self.names)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], source: str | None = None,
+                    verify: bool = False) -> "Puzzle":
+        """Read an official record; ``source`` (e.g. "path.jsonl:12") prefixes every error.
+
+        Raises ``ValueError`` naming the field for any missing field, wrong type or shape. With
+        ``verify=True`` it also solves the puzzle and requires the stored solution to be the only
+        consistent assignment.
+        """
+        where = f"{source}: " if source else ""
+        if not isinstance(record, Mapping):
+            raise ValueError(f"{where}a K&K record must be a JSON object, got {type(record).__name__}")
+
+        def field(name: str, kind: type | tuple[type, ...]):
+            if name not in record:
+                raise ValueError(f"{where}field {name!r} is missing (fields present: {sorted(record)})")
+            value = record[name]
+            if not isinstance(value, kind):
+                raise ValueError(f"{where}field {name!r}: expected {_kind_name(kind)}, "
+                                 f"got {type(value).__name__}")
+            return value
+
+        names = tuple(field("names", (list, tuple)))
+        n = len(names)
+        if not 1 <= n <= MAX_SOLVER_PEOPLE:
+            raise ValueError(f"{where}field 'names': {n} names; a puzzle has 1..{MAX_SOLVER_PEOPLE} people")
+        for name in names:
+            # The reward's gold parser reads the first "[A-Za-z]+" word as the name and the count
+            # rule counts "knight"/"knave" substrings, so any other name would break scoring.
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
+                raise ValueError(f"{where}field 'names': {name!r} is not a word of ASCII letters")
+            if "knight" in name.lower() or "knave" in name.lower():
+                raise ValueError(f"{where}field 'names': {name!r} contains 'knight'/'knave'")
+        if len(set(names)) != n:
+            raise ValueError(f"{where}field 'names': repeated names in {list(names)}")
+
+        solution = tuple(field("solution", (list, tuple)))
+        if len(solution) != n or not all(isinstance(x, bool) for x in solution):
+            raise ValueError(f"{where}field 'solution': expected {n} booleans, got {list(solution)!r}")
+
+        raw = field("statements", (str, list, tuple))
+        try:
+            if isinstance(raw, str):
+                statements = parse_statements(raw, n, where="field 'statements'")
+            else:
+                statements = validate_statements(raw, n, where="field 'statements'")
+        except ValueError as err:
+            raise ValueError(f"{where}{err}") from None
+
+        quiz = field("quiz", str)
+        if not quiz.strip():
+            raise ValueError(f"{where}field 'quiz' is empty")
+        stf = field("solution_text_format", str)
+        try:
+            gold = parse_gold(stf)
+        except ValueError as err:
+            raise ValueError(f"{where}field 'solution_text_format': {err}") from None
+        expected = {name: render.role_word(k) for name, k in zip(names, solution)}
+        if gold != expected or list(gold) != list(names):
+            raise ValueError(f"{where}field 'solution_text_format' says {gold}, but 'names'/'solution' "
+                             f"say {expected}")
+        sol_text = record.get("solution_text")
+        if sol_text is None:
+            sol_text = render.solution_text(names, solution)
+        elif not isinstance(sol_text, str):
+            raise ValueError(f"{where}field 'solution_text': expected str, got {type(sol_text).__name__}")
+
+        if record.get("n_people") is not None and record["n_people"] != n:
+            raise ValueError(f"{where}field 'n_people' is {record['n_people']!r} but there are {n} names")
+        index = record.get("index")
+        if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
+            raise ValueError(f"{where}field 'index': expected an int, got {index!r}")
+
+        puzzle = cls(names=names, statements=statements, solution=solution, quiz=quiz,
+                     solution_text_format=stf, solution_text=sol_text, index=index)
+        if verify:
+            found = solve(statements, n)
+            if found != [solution]:
+                raise ValueError(f"{where}field 'solution': {list(solution)} but the statements have "
+                                 f"{len(found)} consistent assignment(s): {found[:4]}")
+        return puzzle
+
+    def to_record(self) -> dict[str, Any]:
+        """The official schema (``statements`` as the Python-literal string), plus ``n_people``
+        and ``index``. JSON-serialisable; ``from_record(p.to_record()) == p``."""
+        return {
+            "quiz": self.quiz,
+            "names": list(self.names),
+            "solution": list(self.solution),
+            "solution_text": self.solution_text,
+            "solution_text_format": self.solution_text_format,
+            "statements": format_statements(self.statements),
+            "index": self.index,
+            "n_people": self.num_people,
+        }
+
+
+def _kind_name(kind) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def build_puzzle(statements: Statements, solution: tuple[bool, ...], names: tuple[str, ...],
+                 template_ids: list[int], index: int | None = None) -> Puzzle:
+    """Render a solved logical puzzle into a :class:`Puzzle` with our English templates."""
+    names = tuple(names)
+    return Puzzle(
+        names=names,
+        statements=tuple(statements),
+        solution=tuple(bool(x) for x in solution),
+        quiz=render.render_quiz(statements, names, template_ids),
+        solution_text_format=render.solution_text_format(names, solution),
+        solution_text=render.solution_text(names, solution),
+        index=index,
+    )
