@@ -1,0 +1,104 @@
+"""End-to-end: every experiment composes and runs one rollout step; the smoke CLI writes TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from conftest import FIXTURES, REPO_ROOT
+
+EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"))
+# The demo runs SmolLM2 for minutes; `debug=smoke` swaps in the tiny model, so it is as cheap as the rest.
+
+
+def compose_train(overrides: list[str], out: Path):
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "configs")):
+        return compose("train.yaml", overrides=[f"paths.output_dir={out}", f"paths.log_dir={out}/logs", *overrides])
+
+
+def write_orz(tmp_path: Path) -> Path:
+    """A tiny ORZ-format file (the real 57k set is not available offline), prepared like a user would."""
+    from arlopti.data.prepare import main as prepare
+
+    rows = [[{"from": "human", "value": f"What is {i} + {i}?"},
+             {"from": "assistant", "ground_truth": {"value": str(2 * i)}}] for i in range(16)]
+    src = tmp_path / "orz_math_57k_collected.json"
+    src.write_text(json.dumps(rows))
+    out = tmp_path / "orz" / "train.jsonl"
+    assert prepare(["orz", "--input", str(src), "--output", str(out)]) == 0
+    return out
+
+
+def needs_shared(name: str) -> None:
+    if name.startswith("kk_") and name != "kk_lopti_demo" and not (FIXTURES / "kk").exists():
+        pytest.skip(f"{name} trains on the official K&K files in {FIXTURES / 'kk'}, which are absent")
+    if name.startswith("dsr_") and not (FIXTURES / "math").exists():
+        pytest.skip(f"{name} trains on DSR-Uniform in {FIXTURES / 'math'}, which is absent")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_every_experiment_runs_one_step(name, tmp_path):
+    from arlopti.train import train
+
+    needs_shared(name)
+    overrides = [f"experiment={name}", "debug=smoke", "rollout_steps=1", "callbacks.benchmark_eval.limit=1",
+                 "logger=none"]
+    if name.startswith("orz_"):
+        overrides.append(f"data.train_file={write_orz(tmp_path)}")
+    if name.startswith(("dsr_", "orz_")):
+        overrides.append("data.val_limit=2")
+    cfg = compose_train(overrides, tmp_path)
+    out = train(cfg)
+    module = out["module"]
+    assert module.rollout_step == 1
+    assert out["trainer"].global_step >= 1
+    expected_phases = 2 if cfg.algorithm.lopti.enabled else 1
+    assert sum(k.endswith("/skipped_empty") for k in module.last_step_context.metrics) == expected_phases
+
+
+TB_SCALARS = [
+    "reward/mean", "reward/std", "reward/accuracy", "reward/format_ok", "reward/zero_std_group_frac",
+    "rollout/response_len_mean", "rollout/response_len_max", "rollout/truncated_frac",
+    "update/lr", "lopti/low_frac", "lopti/high_frac", "ar/weight_mean",
+    "timing/rollout_s", "timing/scoring_s", "timing/logprobs_s", "timing/update_s", "timing/tokens_per_s",
+    "val/kk/mean/greedy/acc", "val/kk/mean/sampling/acc",
+]
+# Per-phase update metrics; a random model's tokens all fall in one phase, so check the phase that ran.
+PHASE_SCALARS = ["pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
+                 "ratio_mean", "ratio_max", "approx_kl", "grad_norm", "loss"]
+
+
+def test_smoke_cli_writes_tensorboard(tmp_path):
+    """`python train.py experiment=kk_ar_lopti debug=smoke` offline on CPU, then read the event file."""
+    exp = "kk_ar_lopti" if (FIXTURES / "kk").exists() else "kk_lopti_demo"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ARLOPTI_SHARED": str(FIXTURES.parent)}
+    proc = subprocess.run([sys.executable, "train.py", f"experiment={exp}", "debug=smoke",
+                           f"hydra.run.dir={tmp_path}", "callbacks.benchmark_eval.limit=2"],
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    assert events, f"no event file under {tmp_path / 'tensorboard'}"
+    acc = EventAccumulator(str(events[0].parent), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    missing = [t for t in TB_SCALARS if t not in tags]
+    assert not missing, f"missing scalars: {missing}"
+    phase = "low" if "update/low/grad_norm" in tags else "high"
+    missing = [f"update/{phase}/{t}" for t in PHASE_SCALARS if f"update/{phase}/{t}" not in tags]
+    assert not missing, f"missing per-phase scalars: {missing}"
+    assert [e.step for e in acc.Scalars("reward/mean")] == [1, 2]  # x-axis = rollout step
+    assert "rollout/token_prob_hist" in acc.Tags()["histograms"]
+    assert any(t.startswith("samples/") for t in acc.Tags()["tensors"])  # completions as text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rollout_steps"] == 2
