@@ -1,0 +1,71 @@
+"""The evaluation runner on a scripted engine: metric values and names by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from arlopti.data.batch import PromptSample
+from arlopti.eval.runner import EvalMode, evaluate_sets
+from arlopti.rollout.engine import Completion, RolloutEngine
+from arlopti.tasks.base import RewardResult, Task
+
+
+class Scripted(RolloutEngine):
+    """Answers prompt i, sample j with the text in script[prompt_ids[0]][j]."""
+
+    def __init__(self, script):
+        super().__init__()
+        self.script = script
+        self.calls = []
+
+    def generate(self, prompt_ids, n, sampling):
+        self.calls.append((len(prompt_ids), n, sampling.temperature))
+        return [[Completion([1], self.script[p[0]][j], "stop") for j in range(n)] for p in prompt_ids]
+
+
+class Exact(Task):
+    def score(self, responses, gts, metas):
+        return [RewardResult(1.0 if r == g else 0.0, r == g, {"format_ok": float(r != "")}) for r, g in zip(responses, gts)]
+
+
+def sample(i, gt):
+    return PromptSample([i], f"p{i}", gt, "t", f"u{i}")
+
+
+def test_avg_and_pass_at_k_by_hand():
+    # 3 problems x 4 samples: correct counts 2, 0, 4 -> avg@4 = 6/12, pass@4 = 2/3
+    script = {0: ["a", "x", "a", "x"], 1: ["x"] * 4, 2: ["c"] * 4}
+    sets = {"s": [sample(0, "a"), sample(1, "b"), sample(2, "c")]}
+    m, res = evaluate_sets(Scripted(script), sets, {"t": (EvalMode("samp", 1.0, 1.0, -1, 4),)}, lambda _: Exact(), 8)
+    assert m["val/t/s/samp/avg@4"] == pytest.approx(0.5)
+    assert m["val/t/s/samp/pass@4"] == pytest.approx(2 / 3)
+    assert m["val/t/s/samp/reward"] == pytest.approx(0.5)
+    assert m["val/t/mean/samp/avg@4"] == pytest.approx(0.5)
+    assert res[0].problems == 3 and res[0].n == 4
+
+
+def test_single_sample_modes_report_acc_and_mean_over_sets():
+    script = {0: ["a"], 1: ["x"], 2: ["c"]}
+    sets = {"one": [sample(0, "a"), sample(1, "b")], "two": [sample(2, "c")]}
+    modes = {"t": (EvalMode("greedy", 0.0), EvalMode("sampling", 1.0))}
+    eng = Scripted(script)
+    m, _ = evaluate_sets(eng, sets, modes, lambda _: Exact(), 8, limit=None)
+    assert m["val/t/one/greedy/acc"] == pytest.approx(0.5)
+    assert m["val/t/two/sampling/acc"] == pytest.approx(1.0)
+    assert m["val/t/mean/greedy/acc"] == pytest.approx(0.75)  # unweighted mean over sets
+    assert m["val/t/one/greedy/format_rate"] == pytest.approx(1.0)
+    assert [c[2] for c in eng.calls] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_ranks_split_prompts_and_reduce_sums():
+    script = {i: ["a" if i % 2 == 0 else "x"] for i in range(6)}
+    sets = {"s": [sample(i, "a") for i in range(6)]}
+    parts = []
+    for rank in (0, 1):
+        eng = Scripted(script)
+        evaluate_sets(eng, sets, {"t": (EvalMode(),)}, lambda _: Exact(), 8, rank=rank, world=2,
+                      reduce_sum=lambda t: (parts.append(t.clone()), t)[1])
+        assert eng.calls[0][0] == 3  # each rank generates for half of the prompts
+    total = parts[0] + parts[1]
+    assert total[0].item() == 6 and total[1].item() == 3  # problems, correct
