@@ -1,18 +1,377 @@
-"""Finding checkpoints of a run (``ckpt_path=last``)."""
+"""Checkpoints on rollout steps, on preemption signals and by a validation metric; finding them.
+
+:class:`RolloutCheckpoint` (``callbacks.model_checkpoint``) writes, under ``dirpath``:
+
+* ``last.ckpt`` every ``every_n_steps`` rollout steps (Lightning's ``global_step`` counts
+  optimizer steps, which Lopti doubles, so it is not used), at the end of training, and when
+  the process receives one of ``signals`` (``SIGTERM``, ``SIGUSR1``: preemption). A signal only
+  sets a flag; the step in progress finishes, then every rank saves and training stops
+  cleanly (exit status 0), leaving ``PREEMPTED`` (a JSON note: step, signal) beside the
+  checkpoint for a job script to requeue on; a run that ends normally removes it. A second
+  signal kills the process at once.
+* ``step=NNNNNN-<monitor>=<value>.ckpt``: the ``save_top_k`` best checkpoints by ``monitor``
+  (a key of ``trainer.callback_metrics`` such as ``val/kk/mean/greedy/acc``, published by the
+  eval callback), checked whenever that metric has a new value. ``monitor: null``: none.
+
+Each save goes to ``<name>.tmp`` first and is renamed into place by rank 0, the previous
+``last.ckpt`` surviving as ``last.ckpt.old`` until the new one is complete; a ``kill -9``
+during a save therefore never leaves a half-written ``last.ckpt``. Under FSDP2 a checkpoint is
+a distributed-checkpoint folder (one shard per rank) rather than a file; the names are the same.
+
+What a checkpoint holds: the policy weights (not the reference model, which is rebuilt from
+the config), optimizer and LR-scheduler state, Lightning's loop counters, the DataModule's
+position (``PromptDataModule.state_dict``), the learner's counters (``rollout_step``, which
+with ``rollout.seed`` and the rank determines every rollout seed, ``weight_version``, skip
+counts), every rank's Python/NumPy/torch RNG states, and this callback's top-k bookkeeping.
+
+:func:`find_last_checkpoint` implements ``ckpt_path=last``; :func:`validate_checkpoint` and
+:func:`config_mismatches` give the clear errors for a truncated file or a checkpoint of a
+different config (see ``arlopti.train``).
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import threading
+import zipfile
 from pathlib import Path
+from typing import Any, Iterable
+
+import lightning.pytorch as L
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+
+log = logging.getLogger(__name__)
+
+LAST = "last.ckpt"
+PREEMPTED = "PREEMPTED"  # written beside last.ckpt when a signal stopped the run
+META = "meta.pt"  # Lightning's metadata file inside a distributed-checkpoint folder
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used; the message names the file and what to do."""
+
+
+# ---------------------------------------------------------------------------------------------
+# the callback
+# ---------------------------------------------------------------------------------------------
+
+
+class RolloutCheckpoint(Checkpoint):
+    """See the module docstring."""
+
+    def __init__(self, dirpath: str, every_n_steps: int | None = 10, save_last: bool = True,
+                 monitor: str | None = None, mode: str = "max", save_top_k: int = 1,
+                 signals: Iterable[str] = ("SIGTERM", "SIGUSR1"), save_on_train_end: bool = True):
+        if mode not in ("max", "min"):
+            raise ValueError(f"callbacks.model_checkpoint.mode={mode!r}: use 'max' or 'min'")
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"callbacks.model_checkpoint.every_n_steps={every_n_steps}: use a positive int or null")
+        if save_top_k < 0:
+            raise ValueError(f"callbacks.model_checkpoint.save_top_k={save_top_k} must be >= 0")
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.save_last = save_last
+        self.monitor = monitor
+        self.mode = mode
+        self.save_top_k = save_top_k
+        self.signals = [_signal_number(s) for s in signals]
+        self.save_on_train_end = save_on_train_end
+        self.best: list[tuple[float, str]] = []  # (score, path), best first
+        self.last_saved_step = -1
+        self.preempted = False
+        self._received: int | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._seen_metric: torch.Tensor | None = None
+
+    # ---- state (restored with the checkpoint) --------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"best": [list(b) for b in self.best], "monitor": self.monitor, "last_saved_step": self.last_saved_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("monitor") == self.monitor:
+            self.best = [(float(s), str(p)) for s, p in state.get("best", [])]
+        self.last_saved_step = int(state.get("last_saved_step", -1))
+
+    # ---- signals ------------------------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        if self._received is not None:  # second signal: stop waiting for the step to finish
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        self._received = signum
+        log.warning("received %s: checkpointing after the current rollout step, then stopping",
+                    signal.Signals(signum).name)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Lightning installs its own SIGTERM handler (which would abort the fit) before this hook;
+        # ours replaces it for the length of training so that the save and exit are clean.
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s in self.signals:
+            self._previous_handlers[s] = signal.getsignal(s)
+            signal.signal(s, self._on_signal)
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for s, h in self._previous_handlers.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous_handlers.clear()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._restore_handlers()
+
+    def signal_received(self, trainer) -> bool:
+        """Whether any rank got a preemption signal (collective when distributed)."""
+        flag = 1.0 if self._received is not None else 0.0
+        if trainer.world_size > 1:
+            t = torch.tensor(flag, device=trainer.strategy.root_device)
+            flag = float(trainer.strategy.reduce(t, reduce_op="max"))
+        return flag > 0
+
+    # ---- when to save -------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        step = int(pl_module.rollout_step)
+        if self.signal_received(trainer):
+            self.save_last_checkpoint(trainer, step, reason="preemption signal")
+            self.preempted = True
+            pl_module.preempted = True
+            trainer.should_stop = True
+            if trainer.is_global_zero:
+                name = signal.Signals(self._received).name if self._received is not None else "another rank's signal"
+                (self.dirpath / PREEMPTED).write_text(json.dumps({"rollout_step": step, "signal": name}) + "\n")
+            return
+        self._maybe_top_k(trainer, step)  # first, so that last.ckpt records the updated ranking
+        # The final save happens here, on the last batch, not in on_train_end: by then Lightning's
+        # loop state says the epoch is over, and a resume would skip the rest of it.
+        if self.save_last and self.every_n_steps and step % self.every_n_steps == 0:
+            self.save_last_checkpoint(trainer, step, reason=f"every {self.every_n_steps} rollout steps")
+        elif self.save_last and self.save_on_train_end and _fit_ends_after_this_batch(trainer):
+            self.save_last_checkpoint(trainer, step, reason="end of training")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        step = int(pl_module.rollout_step)
+        if not self.preempted:
+            self._maybe_top_k(trainer, step)  # the eval callback's at_end results
+        if self.save_last and self.save_on_train_end and step != self.last_saved_step:
+            # a stop this callback could not foresee (e.g. max_steps); the epoch counts as finished
+            self.save_last_checkpoint(trainer, step, reason="end of training")
+        if not self.preempted and trainer.is_global_zero:
+            _remove(self.dirpath / PREEMPTED)
+        self._restore_handlers()
+
+    # ---- saving -------------------------------------------------------------------------------
+    def save_last_checkpoint(self, trainer, step: int, reason: str = "") -> Path:
+        path = self.dirpath / LAST
+        self.last_saved_step = step  # before the save, so the checkpoint records itself
+        save_atomic(trainer, path)
+        if trainer.is_global_zero:
+            log.info("saved checkpoint %s at rollout step %d (%s)", path, step, reason)
+        return path
+
+    def _maybe_top_k(self, trainer, step: int) -> None:
+        if not self.monitor or self.save_top_k == 0:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None or value is self._seen_metric:
+            return
+        self._seen_metric = value
+        score = float(value)
+        if not math.isfinite(score):
+            return
+        worse = (lambda a, b: a < b) if self.mode == "max" else (lambda a, b: a > b)
+        if len(self.best) >= self.save_top_k and not worse(self.best[-1][0], score):
+            return
+        name = f"step={step:06d}-{_safe(self.monitor)}={score:.4f}.ckpt"
+        path = self.dirpath / name
+        self.best.append((score, str(path)))
+        self.best.sort(key=lambda b: b[0], reverse=self.mode == "max")
+        dropped = self.best[self.save_top_k:]
+        self.best = self.best[:self.save_top_k]
+        save_atomic(trainer, path)
+        if trainer.is_global_zero:
+            log.info("saved top-%d checkpoint %s (%s=%.4f)", self.save_top_k, path, self.monitor, score)
+            for _, p in dropped:
+                if Path(p) != path:
+                    _remove(Path(p))
+
+
+def _fit_ends_after_this_batch(trainer) -> bool:
+    """Whether ``fit`` stops after the current batch (called in ``on_train_batch_end``)."""
+    if trainer.should_stop:  # rollout_steps reached, or another callback stopped the run
+        return True
+    if 0 < trainer.max_steps <= trainer.global_step:
+        return True
+    last_batch = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+    max_epochs = trainer.max_epochs if trainer.max_epochs is not None and trainer.max_epochs >= 0 else math.inf
+    return last_batch and trainer.current_epoch + 1 >= max_epochs
+
+
+def save_atomic(trainer: L.Trainer, path: Path) -> None:
+    """``trainer.save_checkpoint`` to ``path`` via ``path.tmp``; collective (call on every rank).
+
+    Rank 0 renames the finished save into place; the previous ``path`` is kept as ``path.old``
+    until then, so at every instant one complete checkpoint exists. Needs a filesystem shared
+    by all ranks when distributed.
+    """
+    path = Path(path)
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    if trainer.is_global_zero:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)
+    trainer.strategy.barrier("arlopti_ckpt_prepare")
+    trainer.save_checkpoint(tmp)  # ends with a barrier
+    if trainer.is_global_zero:
+        _remove(old)
+        if path.exists():
+            path.rename(old)
+        tmp.rename(path)
+        _remove(old)
+    trainer.strategy.barrier("arlopti_ckpt_done")
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    elif p.exists():
+        p.unlink()
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _signal_number(s) -> int:
+    if isinstance(s, int):
+        return s
+    try:
+        return int(getattr(signal.Signals, str(s).upper()))
+    except AttributeError:
+        raise ValueError(f"callbacks.model_checkpoint.signals: unknown signal {s!r} (use e.g. SIGTERM, SIGUSR1)")
+
+
+# ---------------------------------------------------------------------------------------------
+# finding and checking checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def _last_in(checkpoints: Path) -> Path | None:
+    """``checkpoints/last.ckpt``, else the ``last.ckpt.old`` a save interrupted mid-rename left."""
+    for name in (LAST, LAST + ".old"):
+        p = checkpoints / name
+        if p.is_file() or (p.is_dir() and (p / META).is_file()):
+            return p
+    return None
 
 
 def find_last_checkpoint(cfg) -> Path | None:
-    """The run's own ``checkpoints/last.ckpt``, else the newest one of an earlier run of the task."""
+    """``ckpt_path=last``: this run's ``checkpoints/last.ckpt``, else the most recently written
+    ``last.ckpt`` of any run of the same ``task_name`` under ``paths.log_dir``.
+
+    "This run" is ``paths.output_dir`` (Hydra's run dir): pass ``hydra.run.dir=...`` to resume
+    a fixed directory (SLURM requeue), otherwise each launch gets a new timestamped directory
+    and the newest earlier run of the task is used.
+    """
     try:
-        own = Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt"
+        own = _last_in(Path(cfg.paths.output_dir) / "checkpoints")
     except Exception:  # output_dir needs a Hydra runtime
         own = None
-    if own is not None and own.exists():
+    if own is not None:
         return own
     runs = Path(cfg.paths.log_dir) / str(cfg.task_name) / "runs"
-    found = sorted(runs.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
-    return found[-1] if found else None
+    found = [p for d in runs.glob("*/checkpoints") if (p := _last_in(d)) is not None]
+    return max(found, key=_written_at) if found else None
+
+
+def _written_at(p: Path) -> float:
+    return (p / META).stat().st_mtime if p.is_dir() else p.stat().st_mtime
+
+
+def validate_checkpoint(path: str | Path) -> Path:
+    """Check that ``path`` is a complete checkpoint (file or distributed folder) without loading weights.
+
+    Raises :class:`CheckpointError` naming the offending file: a truncated or non-zip file, a
+    folder without its metadata, or a shard shorter than its metadata says.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if path.is_file():
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError) as err:
+            raise CheckpointError(f"checkpoint file {path} is truncated or corrupt ({err}); it was probably cut off "
+                                  f"by a crash during a save: use an earlier checkpoint (e.g. {LAST}.old)") from err
+        if not any(n.endswith("data.pkl") for n in names):
+            raise CheckpointError(f"checkpoint file {path} is a zip archive but not a torch checkpoint")
+        return path
+    meta = path / META
+    if not meta.is_file():
+        raise CheckpointError(f"checkpoint folder {path} has no {META}: not a complete distributed checkpoint "
+                              "(a save interrupted before it finished?)")
+    try:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        metadata = FileSystemReader(str(path)).read_metadata()
+    except Exception as err:
+        raise CheckpointError(f"checkpoint folder {path}: cannot read {path / '.metadata'} ({err})") from err
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        rel = getattr(info, "relative_path", None)
+        if rel is not None:
+            needed[rel] = max(needed.get(rel, 0), int(info.offset) + int(info.length))
+    for rel, size in sorted(needed.items()):
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint folder {path}: shard {f} is missing")
+        if f.stat().st_size < size:
+            raise CheckpointError(f"checkpoint shard {f} is truncated ({f.stat().st_size} bytes, its metadata "
+                                  f"needs {size}); use an earlier checkpoint")
+    return path
+
+
+def load_checkpoint_metadata(path: str | Path) -> dict:
+    """The non-tensor part of a checkpoint (hyper-parameters, counters, loop and DataModule state).
+
+    For a file this loads it memory-mapped on CPU; for a distributed folder it reads ``meta.pt``.
+    """
+    path = validate_checkpoint(path)
+    target = path / META if path.is_dir() else path
+    try:
+        return torch.load(target, map_location="cpu", mmap=target.is_file() and path.is_file(), weights_only=False)
+    except Exception as err:
+        raise CheckpointError(f"checkpoint {target} cannot be read ({type(err).__name__}: {err}); "
+                              "it may be truncated or from an incompatible version") from err
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}} -> {"a.b": 1}``; tuples become lists so a saved config compares equal."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def config_mismatches(saved_run: dict, run: dict) -> list[str]:
+    """Human-readable differences between a checkpoint's run config and this run's, sorted by key."""
+    a, b = flatten(saved_run), flatten(run)
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            diffs.append(f"{key}: checkpoint {a.get(key, '<absent>')!r}, this run {b.get(key, '<absent>')!r}")
+    return diffs
+
+
+__all__ = ["CheckpointError", "RolloutCheckpoint", "config_mismatches", "find_last_checkpoint",
+           "load_checkpoint_metadata", "save_atomic", "validate_checkpoint"]

@@ -21,6 +21,7 @@ Lightning's validation loop.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,9 +114,9 @@ class ResumableBatchSampler(Sampler):
 
     Resume contract with Lightning's loop: ``len()`` is always the whole epoch (Lightning adds
     the batches it already counted to what the restarted iterator yields, as it does for a
-    stateful loader), and ``set_epoch(e)`` for an epoch already finished (``e`` below the saved
-    epoch: a checkpoint written after an epoch's last batch) yields nothing, so Lightning closes
-    that epoch and the next one starts where the data left off.
+    stateful loader), and ``set_epoch(e)`` only moves the sampler *forward*: a call with an
+    earlier epoch (Lightning asks for the checkpoint's epoch before it notices that a checkpoint
+    written after an epoch's last batch has finished that epoch) keeps the restored position.
     """
 
     def __init__(self, num_samples: int, global_batch: int, world_size: int, rank: int,
@@ -133,7 +134,6 @@ class ResumableBatchSampler(Sampler):
         self.num_samples, self.global_batch = num_samples, global_batch
         self.world_size, self.rank, self.seed, self.shuffle = world_size, rank, seed, shuffle
         self.epoch, self.consumed = 0, 0
-        self._finished_epoch = False  # set_epoch asked for an epoch this sampler already completed
 
     @property
     def batches_per_epoch(self) -> int:
@@ -145,8 +145,6 @@ class ResumableBatchSampler(Sampler):
         return np.random.default_rng(self.seed + epoch).permutation(self.num_samples)
 
     def __iter__(self):
-        if self._finished_epoch:
-            return
         epoch, start = self.epoch, self.consumed
         perm = self.order(epoch)
         per_rank = self.global_batch // self.world_size
@@ -157,19 +155,12 @@ class ResumableBatchSampler(Sampler):
     def __len__(self) -> int:
         return self.batches_per_epoch
 
-    @property
-    def remaining(self) -> int:
-        """Batches of the current epoch not yet consumed."""
-        return 0 if self._finished_epoch else self.batches_per_epoch - self.consumed
-
     def set_epoch(self, epoch: int) -> None:
-        self._finished_epoch = epoch < self.epoch
         if epoch > self.epoch:
             self.epoch, self.consumed = epoch, 0
 
     def mark_consumed(self, position: tuple[int, int]) -> None:
         epoch, batch = position
-        self._finished_epoch = False
         self.epoch, self.consumed = epoch, batch + 1
         if self.consumed >= self.batches_per_epoch:
             self.epoch, self.consumed = epoch + 1, 0
@@ -186,7 +177,6 @@ class ResumableBatchSampler(Sampler):
                     f"{key}={getattr(self, key)}; resume with the same data config"
                 )
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
-        self._finished_epoch = False
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -244,6 +234,9 @@ class PromptDataModule(L.LightningDataModule):
         assert self._sampler is not None, "setup() first"
         if getattr(self, "trainer", None) is not None:
             self._sampler.set_epoch(self.trainer.current_epoch)
+        # The position is restored through this DataModule's state_dict, so Lightning's warning that
+        # a mid-epoch resume with a plain DataLoader "can cause unreliable results" does not apply.
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
         # Its own generator: creating the iterator (every epoch, and on resume) must not draw from
         # torch's global RNG, or a resumed run's random stream would shift by one draw.
         return DataLoader(_Indexed(self.train_samples), batch_sampler=self._sampler,

@@ -111,7 +111,8 @@ class BenchmarkEvalCallback(L.Callback):
             self.run(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.at_end:
+        # after a preemption signal, leave the grace period to the checkpoint, not to evaluation
+        if self.at_end and not getattr(pl_module, "preempted", False):
             self.run(trainer, pl_module)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:

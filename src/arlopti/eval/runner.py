@@ -90,7 +90,8 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
         for mode in modes.get(task_name, (GREEDY,)):
             sampling = SamplingConfig(temperature=mode.temperature, top_p=mode.top_p, top_k=mode.top_k,
                                       max_new_tokens=max_new_tokens, seed=seed)
-            comps = engine.generate([s.prompt_ids for s in mine], mode.n, sampling) if mine else []
+            # every rank calls generate, even with no prompts: FSDP2 ranks must join the unshard
+            comps = engine.generate([s.prompt_ids for s in mine], mode.n, sampling)
             texts = [c.text for cs in comps for c in cs]
             gts = [s.ground_truth for s, cs in zip(mine, comps) for _ in cs]
             metas = [s.meta for s, cs in zip(mine, comps) for _ in cs]

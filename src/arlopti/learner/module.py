@@ -31,6 +31,14 @@ Non-finite loss or gradient norm: the step is skipped (gradients dropped, no opt
 scheduler step), logged as ``update/nonfinite_skips``, and training continues; after
 ``algorithm.max_consecutive_skips`` skipped steps in a row it aborts with a clear message.
 
+Distributed (``trainer=ddp`` or ``trainer=fsdp``): each rank holds whole prompts, so whole
+GRPO groups; DDP and FSDP2 average gradients over ranks, hence the ``/ world`` in the loss
+normaliser above. ``configure_model`` applies FSDP2 (:mod:`arlopti.learner.sharding`) when the
+strategy is a ``ModelParallelStrategy``. Every decision that changes the control flow (empty
+phase, non-finite skip) is taken on all-reduced values, so the ranks never diverge.
+Gradient clipping uses the global norm (DTensor gradients under FSDP2, already-averaged
+gradients under DDP).
+
 Counters: Lightning's ``global_step`` counts optimizer steps (so Lopti doubles it);
 ``rollout_step`` counts training steps (TensorBoard's x-axis, checkpoint cadence) and
 ``weight_version`` increments on every optimizer step (the rollout engine syncs on it).
@@ -42,6 +50,7 @@ very first update runs at lr = 0; we do not reproduce that (step 0 runs at lr/wa
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -58,6 +67,14 @@ from arlopti.config import RunConfig, validate_run
 from arlopti.learner.experience import Experience
 from arlopti.learner.policy import PolicyLM, batched_logprobs, disable_dropout
 from arlopti.models import TinySpec, load_causal_lm
+from arlopti.utils.rng import capture_rng_state, restore_rng_state
+
+log = logging.getLogger(__name__)
+
+# Metrics combined over ranks by sum (counts, throughput) or max (maxima, wall times); the rest by mean.
+_SUM_METRICS = ("rollout/responses", "rollout/tokens", "timing/tokens_per_s")
+_SUM_SUFFIXES = ("_tokens", "/tokens")
+_MAX_SUFFIXES = ("_max", "_s")
 
 
 @dataclass
@@ -106,7 +123,12 @@ class GRPOModule(L.LightningModule):
         self.consecutive_skips = 0
         self.total_skips = 0
         self.last_step_context: StepContext | None = None
-        self.strict_loading = False  # the reference model is rebuilt from the config, not saved
+        # The reference model is rebuilt from the config, never saved: its weights are dropped from
+        # every state_dict (so that distributed checkpoints do not expect them back) and loading is
+        # not strict; on_load_checkpoint checks the policy's keys itself.
+        self.strict_loading = False
+        self.register_state_dict_post_hook(_drop_reference_weights)
+        self._pending_rng: dict | None = None
 
     # ------------------------------------------------------------------ set-up
     def _load_model(self):
@@ -129,6 +151,29 @@ class GRPOModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         validate_run(self.cfg, world_size=self.world)
+
+    def configure_model(self) -> None:
+        """FSDP2 under a ``ModelParallelStrategy``: shard the policy and the reference. Idempotent."""
+        if self._trainer is None:
+            return
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        strategy = self.trainer.strategy
+        if not isinstance(strategy, ModelParallelStrategy):
+            return
+        from arlopti.learner.sharding import FSDPOptions, ShardingError, apply_fsdp2
+
+        mesh = self.device_mesh
+        if mesh["tensor_parallel"].size() != 1:
+            raise ShardingError(f"tensor_parallel_size={mesh['tensor_parallel'].size()}: arlopti shards data-parallel "
+                                "only; use trainer=fsdp (tensor_parallel_size=1)")
+        options = getattr(strategy, "fsdp_options", None) or FSDPOptions()
+        dp = mesh["data_parallel"]
+        apply_fsdp2(self.policy, dp, options, self.cfg.model.decoder_layer_class)
+        if self.ref is not None:
+            ref_options = FSDPOptions(mixed_precision=options.mixed_precision, reduce_dtype=options.reduce_dtype,
+                                      cpu_offload=options.cpu_offload)
+            apply_fsdp2(self.ref, dp, ref_options, self.cfg.model.decoder_layer_class)
 
     def configure_optimizers(self):
         o = self.cfg.optim
@@ -280,7 +325,10 @@ class GRPOModule(L.LightningModule):
             for k, v in m.items():
                 step_metrics[k].append(v)
         grad_norm = self._clip_and_norm()
-        if not (math.isfinite(loss_total) and math.isfinite(grad_norm)):
+        finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
+        if self.world > 1:  # one rank's NaN loss must skip the step everywhere, or the ranks diverge
+            finite = self._all_sum(0.0 if finite else 1.0) == 0
+        if not finite:
             opt.zero_grad(set_to_none=True)
             self.consecutive_skips += 1
             self.total_skips += 1
@@ -330,13 +378,30 @@ class GRPOModule(L.LightningModule):
         return out
 
     def _reduce_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Average every metric over ranks (max-type metrics are close enough for logging)."""
+        """Combine every metric over ranks: counts and throughput summed, maxima and wall times
+        maxed, the rest averaged over the ranks that report them. Ranks may report different keys
+        (e.g. reward components of different tasks): the union is reduced. Reward and length means
+        are exact (every rank holds the same number of responses); ``reward/std`` is the mean of
+        the per-rank stds."""
         if self.world == 1:
             return metrics
-        keys = sorted(metrics)
-        t = torch.tensor([metrics[k] for k in keys], device=self.device, dtype=torch.float64)
-        t = self.trainer.strategy.reduce(t, reduce_op="mean")
-        return {k: float(v) for k, v in zip(keys, t.tolist())}
+        import torch.distributed as dist
+
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, sorted(metrics))
+        keys = sorted({k for ks in gathered for k in ks})
+        present = [1.0 if k in metrics else 0.0 for k in keys]
+        values = [float(metrics.get(k, 0.0)) for k in keys]
+        maxed = [metrics.get(k, -math.inf) if _reduce_kind(k) == "max" else -math.inf for k in keys]
+        summed = self.trainer.strategy.reduce(
+            torch.tensor(values + present, device=self.device, dtype=torch.float64), reduce_op="sum").tolist()
+        maxima = self.trainer.strategy.reduce(
+            torch.tensor(maxed, device=self.device, dtype=torch.float64), reduce_op="max").tolist()
+        out = {}
+        for i, k in enumerate(keys):
+            kind, total, count = _reduce_kind(k), summed[i], summed[len(keys) + i]
+            out[k] = maxima[i] if kind == "max" else total if kind == "sum" else total / max(count, 1.0)
+        return out
 
     def _log_step(self, metrics: dict[str, float], exp: Experience, old_logp: Tensor) -> None:
         self.log("reward", metrics["reward/mean"], prog_bar=True, on_step=True, rank_zero_only=True)
@@ -358,17 +423,75 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------ checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Counters and every rank's RNG states (collective when distributed: all ranks save)."""
+        rng = [capture_rng_state()]
+        if self.world > 1:
+            import torch.distributed as dist
+
+            rng = [None] * self.world
+            dist.all_gather_object(rng, capture_rng_state())
         checkpoint["arlopti"] = {"rollout_step": self.rollout_step, "weight_version": self.weight_version,
-                                 "total_skips": self.total_skips}
+                                 "total_skips": self.total_skips, "consecutive_skips": self.consecutive_skips,
+                                 "world_size": self.world, "rng": rng}
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("ref.")]:
             del state[key]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "state_dict" in checkpoint:  # single-file checkpoints; FSDP2 folders are checked by the DCP loader
+            _check_policy_keys(checkpoint["state_dict"], self.policy)
         extra = checkpoint.get("arlopti", {})
         self.rollout_step = int(extra.get("rollout_step", 0))
         self.weight_version = int(extra.get("weight_version", 0)) + 1  # force an engine sync
         self.total_skips = int(extra.get("total_skips", 0))
+        self.consecutive_skips = int(extra.get("consecutive_skips", 0))
+        rng = extra.get("rng") or []
+        rank = self.trainer.global_rank if self._trainer is not None else 0
+        # Applied in on_train_start, after Lightning has built the dataloader iterator (which draws
+        # from torch's generator), so the first resumed step starts from the saved state exactly.
+        self._pending_rng = rng[rank] if rank < len(rng) and len(rng) == self.world else None
+        if rng and self._pending_rng is None:
+            log.warning("checkpoint saved by %d ranks, resuming on %d: RNG states are not restored",
+                        len(rng), self.world)
+
+    def on_train_start(self) -> None:
+        if self._pending_rng is not None:
+            restore_rng_state(self._pending_rng)
+            self._pending_rng = None
+
+
+def _reduce_kind(key: str) -> str:
+    if key in _SUM_METRICS or key.endswith(_SUM_SUFFIXES):
+        return "sum"
+    if key.endswith(_MAX_SUFFIXES):
+        return "max"
+    return "mean"
+
+
+def _drop_reference_weights(module, state_dict, prefix, local_metadata) -> None:
+    """state_dict post-hook of GRPOModule: the frozen reference model is never saved."""
+    for key in [k for k in state_dict if k.startswith(prefix + "ref.")]:
+        del state_dict[key]
+
+
+def _check_policy_keys(state_dict: dict, policy) -> None:
+    """Raise if a checkpoint's ``policy.*`` tensors do not match this policy's names and shapes."""
+    from arlopti.config import ConfigError
+
+    saved = {k[len("policy."):]: v for k, v in state_dict.items() if k.startswith("policy.")}
+    own = policy.state_dict()
+    missing = sorted(set(own) - set(saved))
+    unexpected = sorted(set(saved) - set(own))
+    shapes = sorted(k for k in set(own) & set(saved)
+                    if hasattr(saved[k], "shape") and tuple(saved[k].shape) != tuple(own[k].shape))
+    if missing or unexpected or shapes:
+        def head(xs):
+            return xs[:5] + ([f"... {len(xs) - 5} more"] if len(xs) > 5 else [])
+
+        raise ConfigError(
+            "the checkpoint's policy weights do not fit this model: "
+            f"missing {head(missing)}, unexpected {head(unexpected)}, shape mismatch {head(shapes)}. "
+            "It was saved from a different model.* config; resume with the model it was trained with.")
 
 
 def _to_device(exp: Experience, device) -> Experience:

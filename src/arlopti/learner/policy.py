@@ -66,7 +66,8 @@ class PolicyLM(nn.Module):
         logp, ent = token_logprobs(hidden.reshape(b * r, h), head.weight, targets.reshape(b * r),
                                    temperature=temperature, bias=head.bias, impl=self.logprob_impl,
                                    with_entropy=with_entropy)
-        return logp.view(b, r), (ent.view(b, r) if ent is not None else None)
+        # clone: FSDP2 hooks must not see a view of an internal buffer as the module output
+        return logp.view(b, r).clone(), (ent.view(b, r).clone() if ent is not None else None)
 
 
 def disable_dropout(model: nn.Module) -> None:

@@ -9,7 +9,9 @@ reproducible whatever else shares its batch, and the same processor records the 
 (tempered, filtered) log-prob of each sampled token, vLLM's ``processed_logprobs`` mode.
 
 The engine shares the policy module itself, so a weight "sync" only records the version.
-Under FSDP2 the root module is unsharded for the duration of a ``generate`` call.
+Under FSDP2 every sharded module is unsharded for the duration of a ``generate`` call
+(:func:`arlopti.learner.sharding.unsharded_for_generate`): entering and leaving are collective,
+so every rank calls ``generate``, also with no prompts, and decoding itself runs no collective.
 """
 
 from __future__ import annotations
@@ -77,23 +79,10 @@ class _GumbelSampler:
 
 
 def _fsdp_unsharded(module: nn.Module):
-    """Unshard an FSDP2 root for generate(); a no-op for plain modules."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover
-        return contextlib.nullcontext()
-    if not isinstance(module, FSDPModule):
-        return contextlib.nullcontext()
+    """Unshard every FSDP2 module under ``module`` for generate(); a no-op for plain modules."""
+    from arlopti.learner.sharding import unsharded_for_generate
 
-    @contextlib.contextmanager
-    def ctx():
-        module.unshard()
-        try:
-            yield
-        finally:
-            module.reshard()
-
-    return ctx()
+    return unsharded_for_generate(module)
 
 
 class HFEngine(RolloutEngine):
@@ -114,7 +103,8 @@ class HFEngine(RolloutEngine):
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         if not prompt_ids:
-            return []
+            with _fsdp_unsharded(self.policy):  # collective under FSDP2: join the other ranks
+                return []
         jobs = [(i, j) for i in range(len(prompt_ids)) for j in range(n)]
         # Similar prompt lengths in one call waste less padding; results are re-ordered below.
         jobs.sort(key=lambda ij: len(prompt_ids[ij[0]]))

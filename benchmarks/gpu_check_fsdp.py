@@ -1,0 +1,205 @@
+"""GPU check of FSDP2 (``trainer=fsdp``) on one CUDA device over NCCL; ``--dry-run``: CPU and gloo.
+
+    python benchmarks/gpu_check_fsdp.py [--dry-run] [--out DIR] [--steps 3]
+
+Runs from a bare checkout with the machine's own python (PYTHONPATH=src is set by the script;
+no Hydra needed: the run config is built in Python). It uses a tiny random Qwen2 (4 layers,
+hidden 256) on K&K puzzles from the offline generator, Lopti, HF-engine rollouts, and
+``FSDP2Strategy(mixed_precision="bf16", activation_checkpointing=True)``, the GPU settings
+that the CPU tests do not exercise. Checks, each printed as PASS / FAIL with numbers:
+
+1. ``train``: ``--steps`` rollout steps; parameters are DTensors in fp32 (master weights), the
+   loss and gradient norms are finite, the parameters moved, a checkpoint folder was written.
+2. ``resume``: a fresh module resumes from that folder and runs one more step; its restored
+   weights equal the saved ones exactly and the step counters continue.
+3. ``export``: ``arlopti.export`` turns the folder into a HF model whose weights equal the
+   FSDP2 policy's full weights exactly; the log-prob difference to the bf16 FSDP2 forward is
+   printed (expected ~1e-2: bf16 compute against the fp32 export).
+
+Timings (per step, tokens/s), peak GPU memory and versions are printed and written to
+``<out>/gpu_check_fsdp.json``. Last line: ``GPU CHECK FSDP: PASS`` or ``FAIL``; exit 0 iff PASS.
+Expected wall time on one H200: well under a minute after imports; the budget is 8 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+RESULTS: dict = {"checks": {}}
+
+
+def check(name: str, ok: bool, **info) -> bool:
+    RESULTS["checks"][name] = {"ok": bool(ok), **info}
+    print(f"{'PASS' if ok else 'FAIL'} {name}: " + ", ".join(f"{k}={v}" for k, v in info.items()), flush=True)
+    return ok
+
+
+def run_config(steps: int):
+    from arlopti.config import (AlgorithmConfig, LoptiConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig,
+                                SizesConfig, TinyModelConfig)
+
+    return RunConfig(
+        algorithm=AlgorithmConfig(name="lopti", lopti=LoptiConfig(enabled=True, eta=0.002)),
+        sizes=SizesConfig(prompts_per_step=8, group_size=4, mini_batch_size=16, micro_batch_size=8,
+                          logprob_micro_batch_size=16),
+        optim=OptimConfig(lr=1e-4),
+        model=ModelConfig(tiny=TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+                                               intermediate_size=512)),
+        rollout=RolloutConfig(temperature=1.0, max_new_tokens=48, generation_batch_size=32))
+
+
+def fit(cfg, tok, steps: int, accelerator: str, ckpt_dir: Path, ckpt_path: str | None = None):
+    import lightning.pytorch as L
+
+    from arlopti.callbacks.checkpointing import RolloutCheckpoint
+    from arlopti.data.kk_datamodule import KKDataModule
+    from arlopti.learner.module import GRPOModule
+    from arlopti.learner.sharding import FSDP2Strategy
+    from arlopti.rollout.callback import RolloutCallback
+
+    L.seed_everything(0, verbose=False)
+    module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)
+    dm = KKDataModule(tokenizer=tok, prompts_per_step=cfg.sizes.prompts_per_step, max_prompt_length=4096,
+                      source="generated", train_people=[3], train_count_per_n=64, val_people=[3], val_count_per_n=0)
+    strategy = FSDP2Strategy(mixed_precision="bf16", activation_checkpointing=True)
+    trainer = L.Trainer(accelerator=accelerator, devices=1, strategy=strategy, max_epochs=1, logger=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+                        enable_progress_bar=False, enable_model_summary=False, precision="32-true",
+                        callbacks=[RolloutCallback(group_size=cfg.sizes.group_size),
+                                   RolloutCheckpoint(str(ckpt_dir), every_n_steps=1)])
+    times: list[float] = []
+
+    class Timer(L.Callback):
+        def on_train_batch_start(self, *a):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, *a):
+            times.append(time.perf_counter() - self.t0)
+
+    trainer.callbacks.append(Timer())
+    trainer.fit(module, datamodule=dm, ckpt_path=ckpt_path)
+    return module, times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dry-run", action="store_true", help="CPU + gloo instead of CUDA + NCCL")
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/arlopti-gpu-check"))
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    import torch
+
+    accelerator = "cpu" if args.dry_run else "gpu"
+    RESULTS.update(torch=torch.__version__, cuda=torch.version.cuda, dry_run=args.dry_run)
+    if not args.dry_run:
+        if not torch.cuda.is_available():
+            check("cuda", False, reason="torch.cuda.is_available() is False (use --dry-run on CPU)")
+            return finish(out, t_start)
+        RESULTS.update(device=torch.cuda.get_device_name(0), nccl=".".join(map(str, torch.cuda.nccl.version())))
+    else:
+        torch.set_num_threads(min(4, os.cpu_count() or 1))
+    import lightning
+
+    RESULTS["lightning"] = lightning.__version__
+    print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), lightning {lightning.__version__}, "
+          f"{RESULTS.get('device', 'CPU dry run')}", flush=True)
+
+    from arlopti.export import export_checkpoint
+    from arlopti.learner.policy import PolicyLM
+    from arlopti.learner.sharding import full_state_dict
+    from arlopti.models import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    cfg = run_config(args.steps)
+    work = Path(tempfile.mkdtemp(prefix="arlopti-fsdp-check-"))
+    ckpt_dir = work / "checkpoints"
+    ok = True
+    try:
+        # 1. train
+        if not args.dry_run:
+            torch.cuda.reset_peak_memory_stats()
+        module, times = fit(cfg, tok, args.steps, accelerator, ckpt_dir)
+        from torch.distributed.tensor import DTensor
+
+        params = list(module.policy.parameters())
+        m = module.last_step_context.metrics
+        losses = [v for k, v in m.items() if k.endswith("/loss")]
+        norms = [v for k, v in m.items() if k.endswith("/grad_norm")]
+        full = full_state_dict(module.policy)
+        from arlopti.models import build_tiny_model, TinySpec
+
+        t = cfg.model.tiny
+        init = build_tiny_model(tok, TinySpec(hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+                                              num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size))
+        moved = max(float((full[f"hf.{k}"].float() - v.float()).abs().max()) for k, v in init.state_dict().items())
+        tokens = m.get("rollout/tokens", 0.0)
+        ok &= check("train", all(isinstance(p, DTensor) for p in params)
+                    and all(p.dtype == torch.float32 for p in params)
+                    and bool(losses) and all(math.isfinite(x) for x in losses + norms) and moved > 0
+                    and (ckpt_dir / "last.ckpt" / "meta.pt").is_file(),
+                    steps=module.rollout_step, optimizer_steps=module.trainer.global_step,
+                    step_s=[round(x, 3) for x in times], tokens_per_step=tokens,
+                    tokens_per_s=(round(tokens / (sum(times[1:]) / (len(times) - 1)), 1)  # the first step warms up
+                                  if len(times) > 1 else None),
+                    loss=[round(x, 5) for x in losses], grad_norm=[round(x, 5) for x in norms],
+                    max_param_change=f"{moved:.3g}",
+                    peak_mem_gib=None if args.dry_run else round(torch.cuda.max_memory_allocated() / 2**30, 3))
+
+        # 2. resume
+        resumed, rtimes = fit(cfg, tok, args.steps + 1, accelerator, ckpt_dir, ckpt_path=str(ckpt_dir / "last.ckpt"))
+        ok &= check("resume", resumed.rollout_step == args.steps + 1
+                    and resumed.trainer.global_step > module.trainer.global_step,
+                    rollout_step=resumed.rollout_step, optimizer_steps=resumed.trainer.global_step,
+                    step_s=[round(x, 3) for x in rtimes])
+
+        # 3. export (of the folder the resumed run wrote last) against the resumed FSDP2 policy
+        exported = export_checkpoint(ckpt_dir / "last.ckpt", work / "hf")
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(exported)
+        now = full_state_dict(resumed.policy)
+        worst = max(float((now[f"hf.{k}"].float() - v.float()).abs().max()) for k, v in hf.state_dict().items())
+        prompt = tok("Zoey said that Oliver is a knight.", add_special_tokens=False)["input_ids"]
+        resp = tok(" So Emma is a knave.", add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + resp])
+        device = resumed.device
+        resumed.policy.eval()
+        with torch.no_grad():
+            lp_fsdp, _ = resumed.policy(ids.to(device), torch.ones_like(ids).to(device), len(prompt), 1.0, False)
+            lp_hf, _ = PolicyLM(hf).eval()(ids, torch.ones_like(ids), len(prompt), 1.0, False)
+        ok &= check("export", worst == 0.0, max_weight_diff=worst,
+                    logp_diff_vs_bf16_forward=f"{float((lp_fsdp.float().cpu() - lp_hf).abs().max()):.3g}")
+    except Exception as err:  # report, do not hide
+        traceback.print_exc()
+        ok = check("exception", False, error=f"{type(err).__name__}: {err}")
+    RESULTS["ok"] = bool(ok)
+    return finish(out, t_start)
+
+
+def finish(out: Path, t_start: float) -> int:
+    ok = bool(RESULTS.get("ok")) and all(c["ok"] for c in RESULTS["checks"].values())
+    RESULTS["wall_s"] = round(time.perf_counter() - t_start, 1)
+    (out / "gpu_check_fsdp.json").write_text(json.dumps(RESULTS, indent=2, default=str))
+    print(f"wrote {out / 'gpu_check_fsdp.json'} ({RESULTS['wall_s']} s)")
+    print(f"GPU CHECK FSDP: {'PASS' if ok else 'FAIL'}", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""Export a training checkpoint as a Hugging Face model: ``python -m arlopti.export <ckpt> <out_dir>``.
+
+``<ckpt>`` is a single-file Lightning checkpoint (single process, DDP) or an FSDP2
+distributed-checkpoint folder (``trainer=fsdp``), e.g. ``logs/<task>/runs/<time>/checkpoints/last.ckpt``;
+a run directory works too (its ``checkpoints/last.ckpt``). ``<out_dir>`` receives
+``save_pretrained`` weights (safetensors), config, generation config and tokenizer, plus
+``arlopti_export.json`` naming the source checkpoint and its rollout step. The result loads with
+``AutoModelForCausalLM.from_pretrained(out_dir)`` and ``AutoTokenizer.from_pretrained(out_dir)``.
+
+The model architecture and tokenizer come from the run config saved in the checkpoint
+(``hyper_parameters.run.model``): ``tiny`` models and their tokenizer are rebuilt
+deterministically; others are built from ``model.name_or_path``'s config (no base weights are
+needed) and its tokenizer. Only the policy is exported (never the reference model).
+
+From Python: :func:`export_checkpoint` and :func:`load_policy_from_checkpoint` (which ``eval.py``
+can use to evaluate a checkpoint directly). Everything runs on CPU in one process, with no
+process group: distributed folders are read with ``torch.distributed.checkpoint`` in
+non-distributed mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+from arlopti.callbacks.checkpointing import (META, CheckpointError, _last_in, load_checkpoint_metadata,
+                                             validate_checkpoint)
+from arlopti.config import ModelConfig, from_dict
+
+POLICY_PREFIX = "policy.hf."
+_DCP_PREFIX = "state_dict." + POLICY_PREFIX  # how Lightning's ModelParallelStrategy names the weights
+
+
+def resolve_checkpoint(ckpt: str | Path) -> Path:
+    """A checkpoint file/folder, or a run directory's ``checkpoints/last.ckpt``; validated."""
+    path = Path(ckpt)
+    if path.is_dir() and not (path / META).exists() and (path / "checkpoints").is_dir():
+        found = _last_in(path / "checkpoints")
+        if found is None:
+            raise CheckpointError(f"{path} is a run directory without checkpoints/last.ckpt")
+        path = found
+    return validate_checkpoint(path)
+
+
+def model_config_of(meta: dict, where: Path) -> ModelConfig:
+    """The :class:`ModelConfig` a checkpoint was trained with."""
+    run = (meta.get("hyper_parameters") or {}).get("run")
+    if not run or "model" not in run:
+        raise CheckpointError(f"checkpoint {where} has no saved run config (hyper_parameters.run.model): "
+                              "not an arlopti training checkpoint")
+    return from_dict(ModelConfig, run["model"], "model")
+
+
+def build_model_and_tokenizer(model_cfg: ModelConfig):
+    """An untrained HF model of the checkpoint's architecture, and its tokenizer."""
+    from arlopti.models import TinySpec, load_tokenizer, resolve_model_path
+
+    tok = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
+    dtype = getattr(torch, model_cfg.dtype)
+    if model_cfg.name_or_path.startswith("tiny"):
+        from arlopti.models import load_causal_lm
+
+        t = model_cfg.tiny
+        spec = TinySpec(arch=t.arch, hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
+                        num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
+                        tie_word_embeddings=t.tie_word_embeddings, seed=t.seed)
+        return load_causal_lm(model_cfg.name_or_path, tok, dtype=model_cfg.dtype, tiny=spec), tok
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(resolve_model_path(model_cfg.name_or_path))
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def policy_state_dict(path: Path, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The policy's weights (HF names) from a checkpoint file or distributed folder.
+
+    ``like`` (the target model's state dict) gives the names wanted from a distributed folder.
+    """
+    if path.is_file():
+        ckpt = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        state = ckpt.get("state_dict", {})
+        out = {k[len(POLICY_PREFIX):]: v for k, v in state.items() if k.startswith(POLICY_PREFIX)}
+        if not out:
+            raise CheckpointError(f"checkpoint {path} holds no '{POLICY_PREFIX}*' weights: not an arlopti checkpoint")
+        return out
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = FileSystemReader(str(path))
+    saved = reader.read_metadata().state_dict_metadata
+    names = {k[len(_DCP_PREFIX):]: k for k, v in saved.items()
+             if k.startswith(_DCP_PREFIX) and isinstance(v, TensorStorageMetadata)}
+    if not names:
+        raise CheckpointError(f"checkpoint folder {path} holds no '{_DCP_PREFIX}*' tensors: not an arlopti checkpoint")
+    target = {}
+    for name, key in names.items():
+        md = saved[key]
+        target[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": yes, one process here
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(target, storage_reader=reader, no_dist=True)
+    return {name: target[key] for name, key in names.items()}
+
+
+def load_policy_from_checkpoint(ckpt: str | Path):
+    """``(hf_model, tokenizer)`` of a training checkpoint, in eval mode on CPU."""
+    path = resolve_checkpoint(ckpt)
+    meta = load_checkpoint_metadata(path)
+    model, tok = build_model_and_tokenizer(model_config_of(meta, path))
+    own = model.state_dict()
+    state = policy_state_dict(path, own)
+    tied = _tied_names(model)
+    missing = sorted(set(own) - set(state) - tied)
+    unexpected = sorted(set(state) - set(own))
+    shapes = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or unexpected or shapes:
+        raise CheckpointError(f"checkpoint {path} does not fit its own model config: missing {missing[:5]}, "
+                              f"unexpected {unexpected[:5]}, shape mismatch {shapes[:5]}")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()
+    model.eval()
+    return model, tok
+
+
+def _tied_names(model) -> set[str]:
+    """State-dict names that share storage with an earlier name (e.g. a tied LM head)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for k, v in model.state_dict(keep_vars=True).items():
+        ptr = v.data_ptr()
+        if ptr in seen:
+            tied.add(k)
+        else:
+            seen[ptr] = k
+    return tied
+
+
+def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None) -> Path:
+    """Write ``save_pretrained`` model + tokenizer of ``ckpt`` into ``out_dir``; returns ``out_dir``.
+
+    ``dtype`` (``bfloat16``, ``float16``, ``float32``) casts the weights; default: as trained.
+    """
+    path = resolve_checkpoint(ckpt)
+    model, tok = load_policy_from_checkpoint(path)
+    if dtype is not None:
+        if dtype not in ("bfloat16", "float16", "float32"):
+            raise ValueError(f"--dtype {dtype!r}: use bfloat16, float16 or float32")
+        model = model.to(getattr(torch, dtype))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    meta = load_checkpoint_metadata(path)
+    info = {"checkpoint": str(path.resolve()), "rollout_step": (meta.get("arlopti") or {}).get("rollout_step"),
+            "global_step": meta.get("global_step"),
+            "model": (meta.get("hyper_parameters") or {}).get("run", {}).get("model", {}).get("name_or_path")}
+    (out / "arlopti_export.json").write_text(json.dumps(info, indent=2))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m arlopti.export", description=__doc__.split("\n\n")[0])
+    ap.add_argument("ckpt", help="checkpoint file, FSDP2 checkpoint folder, or run directory")
+    ap.add_argument("out_dir", help="where to write the save_pretrained model and tokenizer")
+    ap.add_argument("--dtype", default=None,
+                    help="cast the weights: bfloat16 | float16 | float32 (default: as trained)")
+    args = ap.parse_args(argv)
+    try:
+        out = export_checkpoint(args.ckpt, args.out_dir, args.dtype)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {args.ckpt} -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
