@@ -97,7 +97,7 @@ class TinyModelConfig:
 class ModelConfig:
     name_or_path: str = "tiny"
     dtype: str = "float32"  # master weights
-    logprob_impl: str = "naive"  # fused | naive
+    logprob_impl: str = "fused"  # fused | naive
     gradient_checkpointing: bool = False
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     # FSDP2: the decoder-layer class to shard; null = infer from the model (see learner.sharding)

@@ -1,0 +1,198 @@
+"""Shared helpers for the scripts in ``benchmarks/``: isolated runs, A/B timing, tables, JSON.
+
+Measurement conventions used by every benchmark that imports this module:
+
+* **Peak memory** is the growth of the process's resident-set high-water mark,
+  ``ru_maxrss(after) − ru_maxrss(baseline)``, measured in a *fresh* Python process per sample
+  (:func:`run_isolated`), with the baseline taken after the inputs exist. ``ru_maxrss`` never
+  goes down, so a fresh process is the only way to see one configuration's own peak.
+* **Time** is wall-clock seconds of one call, samples of all configurations interleaved
+  (:func:`interleaved_order`: A B C, B C A, C A B, ...) so that load from other users of the
+  machine hits every configuration alike; report the median.
+
+A child process started by :func:`run_isolated` runs ``python benchmarks/_common.py --call
+FILE:FUNC --kwargs JSON``: it imports ``FILE``, calls ``FUNC(**kwargs)`` and prints the returned
+JSON-serialisable dict on one line prefixed by :data:`RESULT_MARK`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+RESULT_MARK = "__BENCH_RESULT__ "
+OUT_DIR = Path(__file__).resolve().parent / "out"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def max_rss_bytes() -> int:
+    """High-water mark of this process's resident set, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def current_rss_bytes() -> int:
+    """Current resident set of this process in bytes, from ``/proc/self/statm``."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def available_memory_bytes() -> int:
+    """``MemAvailable`` from ``/proc/meminfo`` (what can still be allocated without swapping)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("/proc/meminfo has no MemAvailable line; cannot check memory headroom")
+
+
+def wait_for_memory(need_bytes: float, timeout_s: float = 1800, poll_s: float = 15,
+                    log: Callable[[str], None] | None = None) -> bool:
+    """Block until ``MemAvailable ≥ need_bytes`` (other users of a shared machine come and go).
+
+    Returns True once enough memory is available, False after ``timeout_s`` without it.
+    """
+    deadline = time.monotonic() + timeout_s
+    warned = False
+    while True:
+        avail = available_memory_bytes()
+        if avail >= need_bytes:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        if log is not None and not warned:
+            log(f"waiting for memory: need {need_bytes / 1e9:.1f} GB, MemAvailable {avail / 1e9:.1f} GB")
+            warned = True
+        time.sleep(poll_s)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """``(seconds, result)`` of one call of ``fn`` (``time.perf_counter``)."""
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def interleaved_order(names: Sequence[str], repeats: int) -> Iterator[str]:
+    """Yield ``names`` ``repeats`` times, rotating the start each round (A B, B A, A B, ...).
+
+    Every name runs once per round, and across rounds each occupies each slot equally often,
+    so neither drift in machine load nor "runs right after X" favours one configuration.
+    """
+    k = len(names)
+    for r in range(repeats):
+        for i in range(k):
+            yield names[(r + i) % k]
+
+
+def alternating_timings(fns: dict[str, Callable[[], Any]], repeats: int,
+                        warmup: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each function, interleaved (:func:`interleaved_order`), in-process.
+
+    ``warmup`` untimed rounds run first (kernel selection, lazy initialisation).
+    """
+    if repeats < 1:
+        raise ValueError(f"alternating_timings: repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for name in interleaved_order(list(fns), repeats):
+        times[name].append(timed(fns[name])[0])
+    return times
+
+
+def summarise(samples: Sequence[float]) -> dict[str, float]:
+    """``{"median", "min", "max", "n"}`` of a non-empty list of numbers."""
+    if not samples:
+        raise ValueError("summarise: no samples")
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples),
+            "n": len(samples)}
+
+
+def run_isolated(file: str | Path, func: str, kwargs: dict[str, Any], timeout_s: float = 3600,
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``func(**kwargs)`` from ``file`` in a fresh Python process and return its dict.
+
+    The child uses this interpreter and inherits the environment (plus ``env``). A non-zero
+    exit, a timeout or a missing result line raises ``RuntimeError`` carrying the child's
+    stderr tail, so a crashed configuration is never reported as a number.
+    """
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--call", f"{Path(file).resolve()}:{func}",
+           "--kwargs", json.dumps(kwargs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO,
+                          env={**os.environ, **(env or {})})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"isolated run {func}({kwargs}) failed with exit code {proc.returncode}:\n"
+                           f"{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT_MARK):])
+
+
+def machine_info() -> dict[str, Any]:
+    """What the numbers depend on: CPU, core count, load, torch version and thread count."""
+    import torch
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_1_5_15": list(os.getloadavg()),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "python": platform.python_version()}
+
+
+def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """Plain-text table; floats get 4 significant digits, missing cells print as ``-``."""
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    body = [[cell(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(b[i]) for b in body)) if body else len(c) for i, c in enumerate(columns)]
+    line = lambda cells: "  ".join(s.rjust(w) for s, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([line(columns), line(["-" * w for w in widths]), *(line(b) for b in body)])
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` (plus ``machine`` and the command line) to ``benchmarks/out/<name>``."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / name
+    full = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine_info(), **payload}
+    path.write_text(json.dumps(full, indent=2) + "\n")
+    return path
+
+
+def _child_main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description="child side of benchmarks._common.run_isolated")
+    parser.add_argument("--call", required=True, help="FILE:FUNC")
+    parser.add_argument("--kwargs", default="{}")
+    args = parser.parse_args(argv)
+    file, func = args.call.rsplit(":", 1)
+    name = f"_bench_child_{Path(file).stem}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up here
+    sys.path.insert(0, str(Path(file).parent))
+    spec.loader.exec_module(module)
+    result = getattr(module, func)(**json.loads(args.kwargs))
+    print(RESULT_MARK + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])
