@@ -178,6 +178,89 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
     return path
 
 
+# ----------------------------------------------------------------------------------------------
+# Running our learner for a few rollout steps (bench_lopti_overhead, bench_microbatch, bench_mfu)
+# ----------------------------------------------------------------------------------------------
+
+def fixed_length_engine(tokenizer, lengths_of: Callable[[int, int], int], seed: int = 0):
+    """A rollout engine returning fixed completions: prompt ``i``'s sample ``j`` has
+    ``lengths_of(i, j)`` random non-special tokens drawn from ``Random((seed, prompt tokens, j))``,
+    the same in every run whatever the weights ("the same batches" for A/B comparisons)."""
+    import random
+
+    from arlopti.rollout.engine import Completion, RolloutEngine
+
+    specials = set(tokenizer.all_special_ids)
+    vocab = [i for i in range(len(tokenizer)) if i not in specials]
+
+    class FixedLengths(RolloutEngine):
+        def generate(self, prompt_ids, n, sampling):
+            out = []
+            for i, p in enumerate(prompt_ids):
+                row = []
+                for j in range(n):
+                    rng = random.Random(f"{seed}/{list(p)}/{j}")
+                    ids = [rng.choice(vocab) for _ in range(lengths_of(i, j))]
+                    row.append(Completion(ids, tokenizer.decode(ids, skip_special_tokens=True), "length"))
+                out.append(row)
+            return out
+
+    return FixedLengths()
+
+
+def bench_datamodule(tokenizer, prompts_per_step: int, n_steps: int, texts: Sequence[str] | None = None):
+    """A PromptDataModule of ``prompts_per_step × n_steps`` fixed prompts, in order, for task
+    ``bench`` (reward: distinct characters of the response mod 4, varied within a group)."""
+    from arlopti.data.prompt_datamodule import PromptDataModule, PromptRecord
+    from arlopti.tasks.base import RewardResult, Task, _TASKS, register_task
+
+    class BenchTask(Task):
+        name = "bench"
+
+        def score(self, responses, ground_truths, metas):
+            return [RewardResult(float(len(set(r)) % 4), False, {}) for r in responses]
+
+    if "bench" not in _TASKS:
+        register_task("bench")(BenchTask)
+    n = prompts_per_step * n_steps
+    texts = list(texts or [f"Zoey said that Oliver is a knight {i}. Is Oliver a knight or a knave?"
+                           for i in range(n)])
+
+    class DM(PromptDataModule):
+        task_name = "bench"
+
+        def train_records(self):
+            return [PromptRecord(uid=f"bench/{i}", ground_truth=None, task="bench", text=texts[i % len(texts)])
+                    for i in range(n)]
+
+    return DM(tokenizer=tokenizer, prompts_per_step=prompts_per_step, max_prompt_length=512, shuffle=False)
+
+
+def fit_steps(module, datamodule, group_size: int, precision: str = "32-true") -> list[dict[str, float]]:
+    """``trainer.fit`` our ``GRPOModule`` over the datamodule's batches; per rollout step, return
+    the learner's metrics plus ``step_s`` (wall time from before the rollout to after the
+    update, measured by a callback that runs before the rollout callback)."""
+    import lightning.pytorch as L
+
+    from arlopti.rollout.callback import RolloutCallback
+
+    out: list[dict[str, float]] = []
+
+    class Timer(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.t0 = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            out.append({**pl_module.last_step_context.metrics, "step_s": time.perf_counter() - self.t0})
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+                        enable_progress_bar=False, enable_model_summary=False, precision=precision,
+                        callbacks=[Timer(), RolloutCallback(group_size=group_size)])
+    trainer.fit(module, datamodule=datamodule)
+    return out
+
+
 def _child_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="child side of benchmarks._common.run_isolated")
     parser.add_argument("--call", required=True, help="FILE:FUNC")

@@ -207,7 +207,10 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
                  f"sizes.micro_batch_size={s.micro_batch_size} (per device) must divide the per-rank mini-batch "
                  f"of {per_rank} responses (sizes.mini_batch_size={s.mini_batch_size} / {world_size} ranks)")
     else:
-        _require(s.micro_batch_tokens > 0, f"sizes.micro_batch_tokens={s.micro_batch_tokens} must be > 0")
+        _require(isinstance(s.micro_batch_tokens, int) and not isinstance(s.micro_batch_tokens, bool)
+                 and s.micro_batch_tokens > 0,
+                 f"sizes.micro_batch_tokens={s.micro_batch_tokens!r} must be a positive integer: the padded tokens "
+                 "of one micro-batch, rows x (prompt length + longest response), or null for micro_batch_size")
     _require(s.logprob_micro_batch_size >= 1, "sizes.logprob_micro_batch_size must be >= 1")
 
     _require(o.name in ("adamw", "sgd"), f"optim.name={o.name!r}: use 'adamw' or 'sgd'")

@@ -15,13 +15,34 @@ attached to the batch) and does exactly this:
    gradients (``manual_backward``), clip by global norm, ``opt.step()``, scheduler step.
    ``ppo_epochs`` repeats the whole plan.
 
+Forward passes (none wasted). The no-grad passes of step 1 go through the rows longest response
+first, ``sizes.logprob_micro_batch_size`` rows at a time, each chunk trimmed to its longest
+response; they run inside ``training_step``, i.e. under Lightning's precision context (bf16
+autocast with ``trainer.precision=bf16-mixed``). β = 0 builds no reference model and runs no
+reference pass. The first optimizer step of the plan (phase 1, mini-batch 1) runs before any
+update, so the policy's training forward on its rows *is* ``logπ_old`` there: those rows skip
+the no-grad policy pass, and their ``logπ_old`` (detached), AR weights and phase mask are
+computed micro-batch by micro-batch from that forward (all three are per-token functions of
+``p_old``); whether that first phase is empty over all ranks is decided after its backwards (its
+loss is then identically zero and no step is taken). With a single mini-batch the separate
+old-log-prob pass disappears. The result equals the separate pass to float rounding (ratio
+exactly 1 instead of 1 ± 1e-7). Not done under ``lopti.normalize=phase``, whose normaliser
+needs every ``p_old`` of the mini-batch before the first backward; ``reuse_old_logprobs = False``
+switches it off.
+
+Micro-batches: ``sizes.micro_batch_size`` rows at a time, or, with ``sizes.micro_batch_tokens``
+set, rows packed under that padded-token budget (:mod:`arlopti.learner.microbatch`: longest
+first, the fewest micro-batches that fit, the most even split; the count is the max over
+ranks). ``update/valid_token_frac`` logs real / padded tokens of the training forwards.
+
 Loss normaliser (``algorithm.token_mean_scope``): ``minibatch`` (default) divides every
 micro-batch's token sum by the valid-token count of the *whole mini-batch summed over ranks*,
 so a step's gradient is the exact token-mean over the mini-batch however it is split across
 micro-batches and ranks (verl's global token-mean). ``microbatch`` is the official verl-0.2
-behaviour: each micro-batch's own token-mean divided by the number of micro-batches. Under
-Lopti both phases divide by *all* valid tokens (``lopti.normalize=all``, official) or by the
-phase's own (``phase``).
+behaviour: each micro-batch's own token-mean divided by the number of micro-batches, so the
+update depends on the split by definition (also with a token budget, where the split follows
+the lengths). Under Lopti both phases divide by *all* valid tokens (``lopti.normalize=all``,
+official) or by the phase's own (``phase``).
 
 Empty phases: a phase with no tokens on any rank (e.g. no token with p_old < η) takes no
 optimizer step and is logged as ``update/<phase>/skipped_empty``. Adam's moments and step
@@ -54,6 +75,7 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import lightning.pytorch as L
@@ -61,11 +83,12 @@ import torch
 from torch import Tensor
 
 from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, LossConfig, Phase, advantage_reweight, ar_weights,
-                                broadcast_to_tokens, grpo_objective, normaliser, phase_plan,
+                                broadcast_to_tokens, grpo_objective, lopti_masks, normaliser, phase_plan,
                                 zero_std_group_fraction)
 from arlopti.config import RunConfig, validate_run
 from arlopti.learner.experience import Experience
-from arlopti.learner.policy import PolicyLM, batched_logprobs, disable_dropout
+from arlopti.learner.microbatch import fixed_micro_batches, micro_batch_cost, min_micro_batches, plan_micro_batches
+from arlopti.learner.policy import PolicyLM, disable_dropout
 from arlopti.models import TinySpec, load_causal_lm
 from arlopti.utils.rng import capture_rng_state, restore_rng_state
 
@@ -93,8 +116,38 @@ class NonFiniteAbort(RuntimeError):
     pass
 
 
+@dataclass
+class _FirstStep:
+    """What the reused first optimizer step needs to build ``logπ_old``, AR and its phase mask."""
+
+    adv_raw: Tensor  # [B, R] advantages before AR
+    eta: float | None  # Lopti threshold, None = one phase
+    on_filled: "Callable[[], bool]"  # called once old_logp is complete; True = phase empty everywhere
+
+    def resolve(self, logp: Tensor, response_mask: Tensor, adv_raw: Tensor, phase: str,
+                alpha: float) -> tuple[Tensor, Tensor, Tensor]:
+        """``(old [b, r], advantages [b, r], phase mask [b, r])`` of one micro-batch from its forward.
+
+        Element for element what the separate pass would give with these log-probs: ``old`` =
+        detached log-probs × mask, AR ``(α·p_old + 1 − α)·A``, and the phase's tokens
+        (``lopti_masks``: ``p_old < η`` for low).
+        """
+        old = logp.detach() * response_mask
+        adv = advantage_reweight(adv_raw, old, alpha) if alpha > 0 else adv_raw
+        if phase == "all":
+            pmask = response_mask.bool()
+        else:
+            low, high = lopti_masks(old, response_mask, self.eta)
+            pmask = low if phase == "low" else high
+        return old, adv, pmask
+
+
 class GRPOModule(L.LightningModule):
     """See the module docstring. ``cfg`` is a validated :class:`~arlopti.config.RunConfig`."""
+
+    #: Take the first optimizer step's old log-probs from its own training forward (module
+    #: docstring, "Forward passes"); tests switch it off to compare with the separate pass.
+    reuse_old_logprobs: bool = True
 
     def __init__(self, cfg: RunConfig, tokenizer=None, total_rollout_steps: int | None = None,
                  log_completions: int = 2):
@@ -129,6 +182,7 @@ class GRPOModule(L.LightningModule):
         self.strict_loading = False
         self.register_state_dict_post_hook(_drop_reference_weights)
         self._pending_rng: dict | None = None
+        self._warned_oversized = False
 
     # ------------------------------------------------------------------ set-up
     def _load_model(self):
@@ -195,9 +249,76 @@ class GRPOModule(L.LightningModule):
         t = torch.tensor(float(value), device=self.device, dtype=torch.float64)
         return float(self.trainer.strategy.reduce(t, reduce_op="sum"))
 
-    def _micro_batches(self, rows: list[int]) -> list[list[int]]:
-        n = self.cfg.sizes.micro_batch_size
-        return [rows[i:i + n] for i in range(0, len(rows), n)]
+    def _all_max(self, value: float) -> float:
+        """Max of a scalar over data-parallel ranks (identity on one process)."""
+        if self.world == 1:
+            return float(value)
+        t = torch.tensor(float(value), device=self.device, dtype=torch.float64)
+        return float(self.trainer.strategy.reduce(t, reduce_op="max"))
+
+    def _micro_batches(self, rows: list[int], exp: Experience | None = None) -> list[list[int]]:
+        """Row lists of the micro-batches of mini-batch ``rows`` (indices into ``exp``).
+
+        ``sizes.micro_batch_tokens`` unset: ``sizes.micro_batch_size`` rows at a time, in order.
+        Set: :func:`~arlopti.learner.microbatch.plan_micro_batches` on the rows' response
+        lengths, with the number of micro-batches raised to the max over ranks (every rank must
+        run as many backwards: each is a gradient collective). Collective when ``world > 1``.
+        """
+        s = self.cfg.sizes
+        if s.micro_batch_tokens is None or exp is None:
+            return [[rows[j] for j in mb] for mb in fixed_micro_batches(len(rows), s.micro_batch_size)]
+        lengths = [int(x) for x in exp.response_mask[rows].sum(-1).tolist()]
+        k = int(self._all_max(min_micro_batches(lengths, exp.prompt_len, s.micro_batch_tokens)))
+        plan = plan_micro_batches(lengths, exp.prompt_len, s.micro_batch_tokens, k=k)
+        if plan.oversized and not self._warned_oversized:
+            self._warned_oversized = True
+            longest = max(lengths[i] for i in plan.oversized)
+            log.warning("sizes.micro_batch_tokens=%d is below the cost of %d single sequence(s) (prompt %d + "
+                        "response up to %d tokens): each gets a micro-batch of its own. Raise the budget to "
+                        "at least %d to bound the memory of every micro-batch (warned once).",
+                        s.micro_batch_tokens, len(plan.oversized), exp.prompt_len, longest,
+                        exp.prompt_len + longest)
+        return [[rows[j] for j in mb] for mb in plan.micro_batches]
+
+    def _plan_micro_batches(self, exp: Experience, minis: list[list[int]]) -> dict[tuple[int, ...], list[list[int]]]:
+        """Micro-batches of every mini-batch of this step, planned once (the plan depends only on
+        the rows, not on the phase or epoch), in mini-batch order on every rank."""
+        return {tuple(mb): self._micro_batches(mb, exp) for mb in minis}
+
+    def _no_grad_logprobs(self, model: PolicyLM, exp: Experience, rows: list[int], out: Tensor) -> None:
+        """Fill ``out[rows]`` with ``model``'s log-probs (no grad, rollout temperature).
+
+        Rows go longest response first in chunks of ``sizes.logprob_micro_batch_size``, each
+        trimmed to its longest response (less padding than chunks in row order); positions past
+        a row's chunk width keep ``out``'s zeros. Runs under the caller's precision context
+        (Lightning's autocast inside ``training_step``). The chunk count depends only on
+        ``len(rows)``, which is equal on every rank (collective forwards under FSDP2).
+        """
+        if not rows:
+            return
+        n = self.cfg.sizes.logprob_micro_batch_size
+        lengths = exp.response_mask[rows].sum(-1).tolist()
+        order = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (-lengths[i], i))]
+        with torch.no_grad():
+            for lo in range(0, len(order), n):
+                chunk = order[lo:lo + n]
+                sub = exp.select(chunk)
+                logp, _ = model(sub.input_ids, sub.attention_mask, sub.prompt_len, self.temperature,
+                                with_entropy=False)
+                idx = torch.tensor(chunk, device=out.device)
+                out[idx, :logp.shape[1]] = logp.to(out.dtype)
+
+    def _reuses_first_forward(self) -> bool:
+        """Whether the first optimizer step takes its rows' old log-probs from its own forward.
+
+        Exact: before the first step the policy *is* the rollout policy, so its training forward
+        gives ``logπ_old`` for those rows (detached), and AR and the Lopti split are per-token
+        functions of ``p_old`` that can be evaluated micro-batch by micro-batch. Not with
+        ``lopti.normalize=phase``: its loss denominator is the phase's token count over the whole
+        mini-batch, needed before the first micro-batch's backward.
+        """
+        lo = self.cfg.algorithm.lopti
+        return self.reuse_old_logprobs and not (lo.enabled and lo.normalize == "phase")
 
     def _clip_and_norm(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]
@@ -220,45 +341,76 @@ class GRPOModule(L.LightningModule):
         metrics: dict[str, float] = {}
         t0 = time.perf_counter()
 
-        # 1. old and reference log-probs, once per step, before any update
-        was_training = self.policy.training
-        self.policy.eval()
-        old_logp, _ = batched_logprobs(self.policy, exp.input_ids, exp.attention_mask, exp.prompt_len,
-                                       self.temperature, s.logprob_micro_batch_size)
-        ref_logp = None
-        if self.ref is not None:
-            ref_logp, _ = batched_logprobs(self.ref, exp.input_ids, exp.attention_mask, exp.prompt_len,
-                                           self.temperature, s.logprob_micro_batch_size)
-        self.policy.train(was_training)
-        mask = exp.response_mask
-        old_logp = old_logp * mask  # padding: logp 0 (p = 1), never used
-        t_logp = time.perf_counter() - t0
-
-        # 2. advantages, then AR
-        adv_seq = ADVANTAGE_ESTIMATORS.get(a.advantage)(exp.rewards, exp.group_ids, eps=a.adv_eps)
-        adv_raw = broadcast_to_tokens(adv_seq.to(mask.device), mask)
-        adv = advantage_reweight(adv_raw, old_logp, a.ar_alpha) if a.ar_alpha > 0 else adv_raw
-
-        # 3. phases
-        phases = phase_plan(mask, old_logp, a.lopti.eta if a.lopti.enabled else None, a.lopti.reverse)
-
-        # 4. optimizer steps
-        t1 = time.perf_counter()
+        # 1. old and reference log-probs, once per step, before any update (no grad). The first
+        # optimizer step's rows skip the policy pass when their training forward can supply them.
         per_rank_mini = s.mini_batch_size // self.world
         rows = list(range(len(exp)))
         minis = [rows[i:i + per_rank_mini] for i in range(0, len(rows), per_rank_mini)]
-        phase_stats: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        plan: list[tuple[Phase, list[int]]] = []
+        reuse = self._reuses_first_forward()
+        first_rows = set(minis[0]) if reuse else set()
+        mask = exp.response_mask
+        old_logp = torch.zeros_like(mask)
+        was_training = self.policy.training
+        self.policy.eval()
+        self._no_grad_logprobs(self.policy, exp, [i for i in rows if i not in first_rows], old_logp)
+        ref_logp = None
+        if self.ref is not None:
+            ref_logp = torch.zeros_like(mask)
+            self._no_grad_logprobs(self.ref, exp, rows, ref_logp)
+        self.policy.train(was_training)
+        old_logp = old_logp * mask  # padding: logp 0 (p = 1), never used
+        t_logp = time.perf_counter() - t0
+
+        # 2. advantages (AR needs p_old: for the reused rows it is applied inside the first step)
+        adv_seq = ADVANTAGE_ESTIMATORS.get(a.advantage)(exp.rewards, exp.group_ids, eps=a.adv_eps)
+        adv_raw = broadcast_to_tokens(adv_seq.to(mask.device), mask)
+        eta = a.lopti.eta if a.lopti.enabled else None
+
+        def finish_old() -> tuple[Tensor, list[Phase], dict[str, bool]]:
+            """AR, phase plan and empty phases, once old_logp is complete."""
+            adv_ = advantage_reweight(adv_raw, old_logp, a.ar_alpha) if a.ar_alpha > 0 else adv_raw
+            phases_ = phase_plan(mask, old_logp, eta, a.lopti.reverse)
+            empty_ = {ph.name: self._all_sum(float(ph.token_mask.sum())) == 0 for ph in phases_}
+            return adv_, phases_, empty_
+
+        # 3. phases and 4. optimizer steps. Plan order: per epoch, per phase all mini-batches
+        # (granularity=batch) or per mini-batch all phases (granularity=minibatch).
+        t1 = time.perf_counter()
+        names = ["all"] if eta is None else (["high", "low"] if a.lopti.reverse else ["low", "high"])
+        order: list[tuple[str, list[int]]] = []
         for _ in range(a.ppo_epochs):
-            if a.lopti.granularity == "batch" or len(phases) == 1:
-                plan += [(ph, mb) for ph in phases for mb in minis]
+            if a.lopti.granularity == "batch" or len(names) == 1:
+                order += [(n, mb) for n in names for mb in minis]
             else:
-                plan += [(ph, mb) for mb in minis for ph in phases]
-        empty = {ph.name: self._all_sum(float(ph.token_mask.sum())) == 0 for ph in phases}
-        for ph, mb in plan:
-            if empty[ph.name]:
+                order += [(n, mb) for mb in minis for n in names]
+        micro_plan = self._plan_micro_batches(exp, minis)
+        phase_stats: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        adv = phases = empty = None
+        start = 0
+        if reuse:
+            # The first step fills old_logp (and AR-weighted advantages) for its rows from its own
+            # forward; its phase mask is evaluated per micro-batch from those values.
+            adv_first = adv_raw.clone()
+            name0, mb0 = order[0]
+            resolved: dict = {}
+
+            def on_filled() -> bool:
+                resolved["v"] = finish_old()
+                return resolved["v"][2][name0]  # True: phase empty on every rank -> no step
+
+            first = _FirstStep(adv_raw=adv_raw, eta=eta, on_filled=on_filled)
+            self._optimizer_step(exp, mb0, Phase(name0, mask.bool()), old_logp, ref_logp, adv_first,
+                                 phase_stats[name0], micro_batches=micro_plan[tuple(mb0)], first=first)
+            adv, phases, empty = resolved["v"]
+            start = 1
+        else:
+            adv, phases, empty = finish_old()
+        by_name = {ph.name: ph for ph in phases}
+        for name, mb in order[start:]:
+            if empty[name]:
                 continue
-            self._optimizer_step(exp, mb, ph, old_logp, ref_logp, adv, phase_stats[ph.name])
+            self._optimizer_step(exp, mb, by_name[name], old_logp, ref_logp, adv, phase_stats[name],
+                                 micro_batches=micro_plan[tuple(mb)])
         t_update = time.perf_counter() - t1
 
         # 5. bookkeeping and metrics
@@ -270,6 +422,8 @@ class GRPOModule(L.LightningModule):
             for k, v in stats.items():
                 metrics[f"{prefix}/{k}"] = float(sum(v) / len(v))
         metrics.update(self._rollout_metrics(exp, old_logp, adv_raw, adv, phases))
+        metrics.update(self._padding_metrics(exp, micro_plan))
+        metrics["update/old_logprobs_reused_frac"] = len(first_rows) / max(1, len(rows))
         metrics["timing/logprobs_s"] = t_logp
         metrics["timing/update_s"] = t_update
         for k, v in exp.timings.items():
@@ -292,14 +446,25 @@ class GRPOModule(L.LightningModule):
         return None
 
     def _optimizer_step(self, exp: Experience, rows: list[int], phase: Phase, old_logp: Tensor,
-                        ref_logp: Tensor | None, adv: Tensor, stats: dict[str, list[float]]) -> None:
-        a, s = self.cfg.algorithm, self.cfg.sizes
+                        ref_logp: Tensor | None, adv: Tensor, stats: dict[str, list[float]],
+                        micro_batches: list[list[int]] | None = None, first: "_FirstStep | None" = None) -> None:
+        """One optimizer step on mini-batch ``rows`` for ``phase`` (accumulated over micro-batches).
+
+        ``first`` (the reused first step, see :meth:`_reuses_first_forward`): each micro-batch's
+        detached log-probs are written into ``old_logp`` and its AR-weighted advantages into
+        ``adv``, the phase mask is computed from them, and after the last backward
+        ``first.on_filled()`` says whether the phase is empty on every rank (then no step).
+        """
+        a = self.cfg.algorithm
         opt = self.optimizers()
         sched = self.lr_schedulers()
         opt.zero_grad(set_to_none=True)
         rows_t = torch.tensor(rows, device=exp.input_ids.device)
-        denom_mask = exp.response_mask[rows_t] if a.lopti.normalize == "all" else phase.token_mask[rows_t].float()
-        micros = self._micro_batches(rows)
+        if first is None and a.lopti.normalize != "all":
+            denom_mask = phase.token_mask[rows_t].float()
+        else:  # normalize=all (or the reused first step, which requires it)
+            denom_mask = exp.response_mask[rows_t]
+        micros = micro_batches if micro_batches is not None else self._micro_batches(rows, exp)
         if a.token_mean_scope == "minibatch":
             # Each rank's gradient is averaged over ranks by DDP/FSDP, hence the / world.
             scale = self._all_sum(normaliser(denom_mask, a.loss_agg)) / self.world
@@ -314,8 +479,15 @@ class GRPOModule(L.LightningModule):
             r = sub.response_mask.shape[1]
             logp, ent = self.policy(sub.input_ids, sub.attention_mask, sub.prompt_len, self.temperature,
                                     with_entropy=True)
+            if first is None:
+                old_mb, adv_mb, phase_mb = old_logp[idx, :r], adv[idx, :r], phase.token_mask[idx, :r]
+            else:
+                old_mb, adv_mb, phase_mb = first.resolve(logp, sub.response_mask, first.adv_raw[idx, :r],
+                                                         phase.name, a.ar_alpha)
+                old_logp[idx, :r] = old_mb
+                adv[idx, :r] = adv_mb
             loss, m = grpo_objective(
-                logp, old_logp[idx, :r], adv[idx, :r], sub.response_mask, phase.token_mask[idx, :r], self.loss_cfg,
+                logp, old_mb, adv_mb, sub.response_mask, phase_mb, self.loss_cfg,
                 ref_log_probs=None if ref_logp is None else ref_logp[idx, :r], entropy=ent, scale=scale,
                 horizon=self.cfg.rollout.max_new_tokens, normalize=a.lopti.normalize)
             if scale is None:
@@ -324,6 +496,10 @@ class GRPOModule(L.LightningModule):
             loss_total += float(loss.detach())
             for k, v in m.items():
                 step_metrics[k].append(v)
+        if first is not None and first.on_filled():
+            # the phase has no token on any rank: its loss was identically zero; take no step
+            opt.zero_grad(set_to_none=True)
+            return
         grad_norm = self._clip_and_norm()
         finite = math.isfinite(loss_total) and math.isfinite(grad_norm)
         if self.world > 1:  # one rank's NaN loss must skip the step everywhere, or the ranks diverge
@@ -350,6 +526,22 @@ class GRPOModule(L.LightningModule):
             stats[k].append(sum(v) if k == "tokens" else sum(v) / len(v))
 
     # ------------------------------------------------------------------ metrics
+    def _padding_metrics(self, exp: Experience, micro_plan: dict[tuple[int, ...], list[list[int]]]) -> dict[str, float]:
+        """``update/valid_token_frac``: real (attention-mask) tokens / padded tokens the training
+        forwards compute, over one pass of this rank's micro-batches; ``update/micro_batches``:
+        micro-batches per optimizer step (mean over mini-batches)."""
+        valid = padded = 0
+        for mbs in micro_plan.values():
+            for mb in mbs:
+                lengths = exp.response_mask[mb].sum(-1).tolist()
+                cost = micro_batch_cost([int(x) for x in lengths], exp.prompt_len)
+                width = cost // len(mb)
+                padded += cost
+                valid += int(exp.attention_mask[mb, :width].sum())
+        n_steps = max(1, len(micro_plan))
+        return {"update/valid_token_frac": valid / max(1, padded),
+                "update/micro_batches": sum(len(v) for v in micro_plan.values()) / n_steps}
+
     def _rollout_metrics(self, exp: Experience, old_logp: Tensor, adv_raw: Tensor, adv: Tensor,
                          phases: list[Phase]) -> dict[str, float]:
         mask = exp.response_mask.bool()

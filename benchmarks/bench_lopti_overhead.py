@@ -1,0 +1,133 @@
+"""Lopti against GRPO on the same batches: update phase alone and end to end.
+
+Both configurations start from the same tiny Qwen2 weights (saved to a temp dir) and see the
+same rollouts: HF ``generate`` with the same per-step sampling seeds and
+``min_new_tokens = max_new_tokens`` (fixed length), so step ``k``'s batch is identical as long
+as the sampled tokens do not depend on the tiny weight change (lr 1e-6): checked, the script
+compares the response token ids of both configurations step by step and reports
+``same_batches``.
+
+* **update phase** = ``timing/logprobs_s + timing/update_s`` of the learner: the no-grad
+  old / reference passes, both Lopti phases (or GRPO's one), backward, optimizer steps.
+* **end to end** = wall time of the whole rollout step (generation, scoring, update).
+
+GRPO: one optimizer step per rollout step. Lopti (η chosen so both phases have tokens on the
+random model, whose p_old is around 1/vocab): a low-phase step, then a high-phase step, each a
+forward/backward over the mini-batch; the low phase reuses its forward as π_old, so neither
+configuration runs a separate old-log-prob pass. Configurations alternate fit by fit
+(GRPO, Lopti, Lopti, GRPO, ...); each fit = 1 untimed warm-up step + ``--steps`` timed steps;
+medians over all timed steps.
+
+Usage:
+  python benchmarks/bench_lopti_overhead.py --quick
+  python benchmarks/bench_lopti_overhead.py
+Output: a table on stdout and ``benchmarks/out/bench_lopti_overhead.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import bench_datamodule, fit_steps, format_table, interleaved_order, write_json  # noqa: E402
+
+PROMPTS, GROUP, MAX_NEW = 4, 4, 96
+ETA = 0.002
+
+
+def make_module(model_dir: str, tok, lopti: bool, steps: int):
+    from arlopti.config import (AlgorithmConfig, LoptiConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig,
+                                SizesConfig)
+    from arlopti.learner.module import GRPOModule
+
+    n = PROMPTS * GROUP
+    cfg = RunConfig(algorithm=AlgorithmConfig(kl_coef=0.04, lopti=LoptiConfig(enabled=lopti, eta=ETA)),
+                    optim=OptimConfig(lr=1e-6),
+                    sizes=SizesConfig(prompts_per_step=PROMPTS, group_size=GROUP, mini_batch_size=n,
+                                      micro_batch_size=8, logprob_micro_batch_size=n),
+                    model=ModelConfig(name_or_path=model_dir),
+                    rollout=RolloutConfig(temperature=1.0, max_new_tokens=MAX_NEW, generation_batch_size=n))
+    module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)
+    module.policy.hf.generation_config.min_new_tokens = MAX_NEW
+    return module
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=None, help="fits per configuration")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per fit")
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    args = ap.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 2)
+    steps = args.steps or (3 if args.quick else 3)
+    warnings.filterwarnings("ignore")
+    import torch
+
+    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    torch.manual_seed(0)
+    samples: dict[str, list[dict]] = {"grpo": [], "lopti": []}
+    batches: dict[str, list[str]] = {"grpo": [], "lopti": []}
+    with tempfile.TemporaryDirectory() as model_dir:
+        model = build_tiny_model(tok, TinySpec(hidden_size=args.hidden, num_layers=args.layers,
+                                               intermediate_size=2 * args.hidden))
+        n_params = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(model_dir)
+        tok.save_pretrained(model_dir)
+        del model
+        for name in interleaved_order(["grpo", "lopti"], rounds):
+            module = make_module(model_dir, tok, name == "lopti", steps + 1)
+            hashes: list[str] = []
+            orig = module.training_step
+
+            def spy(batch, idx, _orig=orig, _h=hashes):
+                ids = batch.experience.input_ids
+                _h.append(hashlib.blake2b(ids.numpy().tobytes(), digest_size=8).hexdigest())
+                return _orig(batch, idx)
+
+            module.training_step = spy
+            out = fit_steps(module, bench_datamodule(tok, PROMPTS, steps + 1), GROUP)
+            samples[name] += out[1:]
+            batches[name] = hashes
+            print(f"  {name}: update {[round(m['timing/logprobs_s'] + m['timing/update_s'], 3) for m in out[1:]]} s,"
+                  f" step {[round(m['step_s'], 3) for m in out[1:]]} s", flush=True)
+
+    rows, summary = [], {}
+    for name, ms in samples.items():
+        upd = [m["timing/logprobs_s"] + m["timing/update_s"] for m in ms]
+        summary[name] = {"update_s": statistics.median(upd), "end_to_end_s": statistics.median(m["step_s"] for m in ms),
+                         "rollout_s": statistics.median(m["timing/rollout_s"] for m in ms),
+                         "n": len(ms), "optimizer_steps_per_rollout": statistics.median(
+                             sum(v for k, v in m.items() if k.startswith("update/") and k.endswith("/steps"))
+                             for m in ms)}
+        if name == "lopti":
+            summary[name]["low_token_frac"] = statistics.median(
+                m["lopti/low_tokens"] / max(1.0, m["lopti/low_tokens"] + m["lopti/high_tokens"]) for m in ms)
+        rows.append({"config": name, **summary[name]})
+    ratios = {"update_lopti_over_grpo": summary["lopti"]["update_s"] / summary["grpo"]["update_s"],
+              "end_to_end_lopti_over_grpo": summary["lopti"]["end_to_end_s"] / summary["grpo"]["end_to_end_s"]}
+    same = batches["grpo"] == batches["lopti"]
+    print(f"tiny Qwen2 hidden {args.hidden} x {args.layers} layers ({n_params:,} params), {PROMPTS} prompts x "
+          f"{GROUP}, {MAX_NEW} tokens, eta {ETA}")
+    print(format_table(rows, ["config", "update_s", "end_to_end_s", "rollout_s", "n", "optimizer_steps_per_rollout",
+                              "low_token_frac"]))
+    for k, v in ratios.items():
+        print(f"{k}: {v:.3f}")
+    print(f"same_batches (last fit of each, step by step): {same}")
+    path = write_json("bench_lopti_overhead.json", {"summary": summary, "ratios": ratios, "same_batches": same,
+                                                    "params": n_params})
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
