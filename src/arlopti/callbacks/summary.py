@@ -43,7 +43,8 @@ class TrainingSummary(L.Callback):
             "optimizer_steps": int(pl_module.trainer.global_step) if pl_module._trainer else None,
             "start": mean(self.history[: self.window]) if self.history else {},
             "end": mean(self.history[-self.window:]) if self.history else {},
-            "eval_first": evals[0] if evals else {},
+            # a single evaluation is only the "last" one: it is not a start-vs-end comparison
+            "eval_first": evals[0] if len(evals) > 1 else {},
             "eval_last": evals[-1] if evals else {},
             "tensorboard_dir": self.tensorboard_dir,
         }
@@ -57,12 +58,16 @@ class TrainingSummary(L.Callback):
         table = Table(title=f"arlopti run summary: {s['rollout_steps']} rollout steps, "
                             f"{s['optimizer_steps']} optimizer steps")
         table.add_column("metric")
-        table.add_column("first step", justify="right")
-        table.add_column("last step", justify="right")
+        span = "step" if self.window == 1 else f"{self.window} steps (mean)"
+        table.add_column(f"first {span}", justify="right")
+        table.add_column(f"last {span}", justify="right")
         for key in self.KEYS:
             if key in s["start"] or key in s["end"]:
                 table.add_row(f"train {key}", _fmt(s["start"].get(key)), _fmt(s["end"].get(key)))
         first, last = s["eval_first"], s["eval_last"]
+        if first or last:
+            table.add_row("val at rollout step", _fmt_step(first.get("rollout_step")),
+                          _fmt_step(last.get("rollout_step")))
         for key in sorted(set(first) | set(last)):
             if key.endswith("acc") or "avg@" in key or "pass@" in key or key.endswith("accuracy"):
                 table.add_row(key, _fmt(first.get(key)), _fmt(last.get(key)))
@@ -73,6 +78,10 @@ class TrainingSummary(L.Callback):
         out = self.out_file or (Path(trainer.default_root_dir) / "summary.json")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(s, indent=2))
+
+
+def _fmt_step(v) -> str:
+    return "-" if v is None else str(int(v))
 
 
 def _fmt(v) -> str:
