@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,8 +104,12 @@ def test_fsdp2_two_ranks_with_one_vllm_engine_per_rank(tmp_path):
     if available_gib() < 5:  # two engines x (1 GiB KV cache + the model + vLLM itself), two trainers
         pytest.skip(f"only {available_gib():.1f} GiB of memory available; two vLLM-CPU engines need ~5 GiB")
     run = tmp_path / "vllm"
-    out = train(run, "trainer=fsdp", "rollout=vllm", "model.tiny.num_heads=2", "model.tiny.num_kv_heads=1",
-                "logger=none", "~callbacks.benchmark_eval")
+    # rollout=vllm gives the tiny model head_dim 32 (vLLM-CPU's smallest) by itself
+    out = train(run, "trainer=fsdp", "rollout=vllm", "logger=none", "~callbacks.benchmark_eval")
     assert summary(run)["rollout_steps"] == 2
     for log in ("train.log", "train_ddp_process_1.log"):
-        assert "vLLM engine ready" in (run / log).read_text(), f"{log}: no vLLM engine on that rank\n{out[-3000:]}"
+        text = (run / log).read_text()
+        assert "vLLM engine ready" in text, f"{log}: no vLLM engine on that rank\n{out[-3000:]}"
+        # step 2's rollout ran on weights gathered (full_tensor) from the shards after step 1's updates
+        versions = [int(v) for v in re.findall(r"vLLM weights synced to version (\d+)", text)]
+        assert any(v > 0 for v in versions), f"{log}: the updated policy was never synced into vLLM: {versions}"

