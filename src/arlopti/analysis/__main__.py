@@ -1,0 +1,265 @@
+"""``python -m arlopti.analysis <command>``: the paper's mechanism figures on a real model.
+
+Commands (each writes ``<out>/<name>.png`` and ``<out>/<name>.json``; ``--tb-dir`` also logs them to
+TensorBoard):
+
+* ``token-distribution`` Fig. 1a/b: the sampled tokens' probabilities and their advantages by bucket;
+* ``grad-norms``        Fig. 1d and the (1 − p) bound: per-token and per-bucket gradient norms;
+* ``prob-shift``        Fig. 1c/e/f: Δp per bucket after one update on all / low / high tokens;
+* ``update-direction``  Fig. 3: fraction of tokens moved in their advantage's direction, GRPO/AR/Lopti;
+* ``word-categories``   Fig. 5: reasoning-word categories vs reward over a rollout dump;
+* ``dump``              sample a live batch and write it as a rollout dump (input of the others);
+* ``reproduce``         all of the above into one folder (``make reproduce``: ``--out docs/figures``).
+
+Inputs: a live batch sampled from ``--model`` (default SmolLM2-135M-Instruct, offline) after
+``--cold-start-steps`` SFT steps (cached), or ``--dump`` (a rollout dump with token arrays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("arlopti.analysis")
+
+DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-5}
+
+
+def add_input_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("inputs")
+    g.add_argument("--model", default="smollm2-135m-instruct",
+                   help="model name or save_pretrained folder (default: %(default)s)")
+    g.add_argument("--cold-start-steps", type=int, default=10,
+                   help="SFT warm-up steps before sampling (cached by settings; default %(default)s, short like "
+                        "the CPU demo's); 0 = the raw model")
+    g.add_argument("--prompts", type=int, default=8, help="K&K prompts in the batch")
+    g.add_argument("--group-size", type=int, default=4, help="responses per prompt")
+    g.add_argument("--max-new-tokens", type=int, default=96)
+    g.add_argument("--temperature", type=float, default=0.7, help="rollout temperature (also of every log-prob)")
+    g.add_argument("--num-people", type=int, nargs="+", default=[2, 3])
+    g.add_argument("--seed", type=int, default=0, help="sampling seed")
+    g.add_argument("--puzzle-seed", type=int, default=4242, help="seed of the generated puzzles")
+    g.add_argument("--advantages", choices=("auto", "grpo", "synthetic"), default="auto",
+                   help="auto: GRPO when some group's rewards vary, else synthetic ±1 per sequence (labelled)")
+    g.add_argument("--dump", default=None, help="read the batch from this rollout dump instead of sampling")
+    g.add_argument("--dump-step", type=int, default=None, help="which step of the dump (default: the first)")
+    g.add_argument("--micro-batch", type=int, default=4, help="rows per forward/backward")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--out", default="analysis_out", help="output folder (default: %(default)s)")
+    g.add_argument("--tb-dir", default=None, help="also log scalars and figures to this TensorBoard folder")
+
+
+def add_update_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default: {DEFAULT_LR['sgd']} for sgd, {DEFAULT_LR['adamw']} for adamw)")
+    p.add_argument("--grad-clip", type=float, default=None, help="clip the global grad norm (default: off)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m arlopti.analysis", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("grad-norms", help="Fig. 1d: gradient norms by probability bucket")
+    add_input_args(p)
+    p.add_argument("--mode", choices=("per-token", "aggregate", "both"), default="both")
+    p.add_argument("--max-tokens", type=int, default=200, help="per-token mode: tokens analysed (one backward each)")
+    p.add_argument("--max-sequences", type=int, default=8, help="per-token mode: responses they are drawn from")
+    p.add_argument("--layer", type=int, default=None, help="hidden-state layer (default: the middle one)")
+    p = sub.add_parser("token-distribution", help="Fig. 1a/b: token probabilities and advantages by bucket")
+    add_input_args(p)
+    p = sub.add_parser("prob-shift", help="Fig. 1c/e/f: Δp after updating all / low / high tokens")
+    add_input_args(p)
+    add_update_args(p)
+    p = sub.add_parser("update-direction", help="Fig. 3: update direction under GRPO, AR and Lopti")
+    add_input_args(p)
+    add_update_args(p)
+    p.add_argument("--alpha", type=float, default=0.3, help="AR α (paper Fig. 3: 0.3)")
+    p.add_argument("--eta", type=float, default=0.5, help="Lopti η (paper Fig. 3: 0.5)")
+    p.add_argument("--methods", default="grpo,ar,lopti", help="comma list of grpo, ar, lopti, ar_lopti")
+    p = sub.add_parser("word-categories", help="Fig. 5: word categories vs reward over a dump")
+    add_input_args(p)
+    p = sub.add_parser("dump", help="sample a live batch and write it as a rollout dump")
+    add_input_args(p)
+    p.add_argument("--file", default=None, help="dump file (default: <out>/rollouts_live.jsonl.gz)")
+    p = sub.add_parser("reproduce", help="every figure into --out (make reproduce)")
+    from arlopti.analysis.reproduce import add_reproduce_args
+
+    add_reproduce_args(p)
+    return parser
+
+
+# ------------------------------------------------------------------------------------------- inputs
+def load_inputs(args):
+    """``(loaded policy, batch, old log-probs)`` for a command (module docstring)."""
+    from arlopti.analysis.inputs import batch_from_dump, load_policy, sample_kk_batch
+    from arlopti.analysis.updates import sampled_log_probs
+
+    loaded = load_policy(args.model, args.cold_start_steps)
+    if args.dump:
+        tok = loaded.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        batch = batch_from_dump(args.dump, args.temperature, args.dump_step, args.advantages, args.seed, pad)
+        batch.info["model_info"] = loaded.info
+    else:
+        batch = sample_kk_batch(loaded, args.prompts, args.group_size, args.max_new_tokens, args.temperature,
+                                args.seed, args.num_people, args.puzzle_seed, args.advantages)
+    old = sampled_log_probs(loaded.policy, batch, args.micro_batch)
+    return loaded, batch, old
+
+
+def caption(batch, extra: str = "") -> str:
+    """One line naming the model, the batch and the advantage source (printed under every figure)."""
+    mi = batch.info.get("model_info", {})
+    s = batch.summary()
+    text = (f"{mi.get('model', '?')}, cold start {mi.get('cold_start_steps', 0)} SFT steps; {s['responses']} "
+            f"responses ({s['prompts']} prompts), {s['tokens']} tokens, T={batch.temperature}; "
+            f"reward mean {s['reward_mean']:.2f}; advantages: {batch.advantage_source}")
+    if batch.advantage_source != "grpo":
+        text += " (SYNTHETIC)"
+    return text + (f"; {extra}" if extra else "")
+
+
+def _lr(args) -> float:
+    return args.lr if args.lr is not None else DEFAULT_LR[args.optimizer]
+
+
+# ------------------------------------------------------------------------------------------- commands
+def cmd_grad_norms(args, inputs=None, bank=None) -> dict:
+    from arlopti.analysis.grad_norms import (aggregate_grad_norms, default_layer, per_token_grad_norms,
+                                             summarise_per_token)
+    from arlopti.analysis.plotting import plot_grad_norm_medians, plot_grad_norms, save_result
+
+    loaded, batch, old = inputs or load_inputs(args)
+    layer = default_layer(loaded.policy) if args.layer is None else args.layer
+    result: dict = {"batch": batch.summary(), "advantage_source": batch.advantage_source,
+                    "temperature": batch.temperature}
+    t0 = time.perf_counter()
+    if args.mode in ("per-token", "both"):
+        recs = per_token_grad_norms(loaded.policy, batch, old, args.max_tokens, args.max_sequences, layer, args.seed)
+        result["per_token"] = {"summary": summarise_per_token(recs, layer), "records": recs,
+                               "max_tokens": args.max_tokens, "max_sequences": args.max_sequences}
+    t1 = time.perf_counter()
+    if args.mode in ("aggregate", "both"):
+        result["aggregate"] = aggregate_grad_norms(loaded.policy, batch, old, args.micro_batch, bank)
+    result["seconds"] = {"per_token": t1 - t0, "aggregate": time.perf_counter() - t1}
+    per_token_note = "per-token mode needs no advantage" if "per_token" in result else ""
+    result["caption"] = caption(batch, per_token_note)
+    extra = {"grad_norms_by_bucket": plot_grad_norm_medians(result)} if "per_token" in result else {}
+    result["files"] = save_result(args.out, "grad_norms", result, plot_grad_norms(result), args.tb_dir, extra)
+    return result
+
+
+def cmd_token_distribution(args, inputs=None) -> dict:
+    from arlopti.analysis.buckets import token_distribution
+    from arlopti.analysis.plotting import plot_token_distribution, save_result
+
+    loaded, batch, old = inputs or load_inputs(args)
+    result = token_distribution(old.exp(), batch.advantages, batch.response_mask)
+    result.update(batch=batch.summary(), advantage_source=batch.advantage_source, caption=caption(batch))
+    result["files"] = save_result(args.out, "token_distribution", result, plot_token_distribution(result),
+                                  args.tb_dir)
+    return result
+
+
+def cmd_prob_shift(args, inputs=None, bank=None) -> dict:
+    from arlopti.analysis.plotting import plot_prob_shift, save_result
+    from arlopti.analysis.prob_shift import prob_shift
+
+    loaded, batch, old = inputs or load_inputs(args)
+    t0 = time.perf_counter()
+    result = prob_shift(loaded.policy, batch, args.optimizer, _lr(args), args.grad_clip, args.micro_batch, old, bank)
+    result.update(batch=batch.summary(), seconds=time.perf_counter() - t0,
+                  caption=caption(batch, f"{args.optimizer} lr {_lr(args):g}"))
+    result["files"] = save_result(args.out, f"prob_shift_{args.optimizer}", result, plot_prob_shift(result),
+                                  args.tb_dir)
+    return result
+
+
+def cmd_update_direction(args, inputs=None, first_grads=None) -> dict:
+    from arlopti.analysis.plotting import plot_update_direction, save_result
+    from arlopti.analysis.update_direction import update_direction
+
+    loaded, batch, old = inputs or load_inputs(args)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    t0 = time.perf_counter()
+    result = update_direction(loaded.policy, batch, methods, args.alpha, args.eta, args.optimizer, _lr(args),
+                              args.grad_clip, args.micro_batch, old, first_grads)
+    result.update(batch=batch.summary(), seconds=time.perf_counter() - t0,
+                  caption=caption(batch, f"{args.optimizer} lr {_lr(args):g}"))
+    result["files"] = save_result(args.out, f"update_direction_{args.optimizer}", result,
+                                  plot_update_direction(result), args.tb_dir)
+    return result
+
+
+def write_live_dump(batch, old_log_probs, path: str | Path) -> Path:
+    """Write a sampled batch as a rollout dump (schema of :mod:`arlopti.analysis.rollout_dump`)."""
+    from arlopti.analysis.rollout_dump import step_records, write_records
+    from arlopti.learner.module import StepContext
+
+    exp = batch.to_experience()
+    ctx = StepContext(exp, old_log_probs, batch.advantages, batch.advantages, [], {})
+    return write_records(path, step_records(ctx, step=0))
+
+
+def cmd_dump(args) -> dict:
+    loaded, batch, old = load_inputs(args)
+    path = Path(args.file or Path(args.out) / "rollouts_live.jsonl.gz")
+    write_live_dump(batch, old, path)
+    return {"file": str(path), "batch": batch.summary()}
+
+
+def cmd_word_categories(args, texts_rewards=None, source: str | None = None) -> dict:
+    from arlopti.analysis.plotting import plot_word_categories, save_result
+    from arlopti.analysis.word_categories import PAPER_SIGNS, correlate
+
+    if texts_rewards is None:
+        if args.dump:
+            from arlopti.analysis.rollout_dump import read_dump
+
+            rows = read_dump(args.dump)
+            texts_rewards = ([r["completion"] for r in rows], [r["reward"] for r in rows])
+            source = f"dump {args.dump}"
+        else:
+            _, batch, _ = load_inputs(args)
+            texts_rewards = (batch.response_texts, batch.rewards.tolist())
+            source = "live batch"
+    result = correlate(*texts_rewards)
+    result["source"] = source
+    result["paper_signs"] = PAPER_SIGNS
+    result["agrees_with_paper_sign"] = {
+        c: (None if v["r_rate"] is None else (v["r_rate"] > 0) == (PAPER_SIGNS[c] > 0))
+        for c, v in result["categories"].items()}
+    result["caption"] = f"{source}; {result['responses']} responses; rewards {result['reward_values']}"
+    result["files"] = save_result(args.out, "word_categories", result, plot_word_categories(result, PAPER_SIGNS),
+                                  args.tb_dir)
+    return result
+
+
+COMMANDS = {"token-distribution": cmd_token_distribution, "grad-norms": cmd_grad_norms, "prob-shift": cmd_prob_shift, "update-direction": cmd_update_direction,
+            "word-categories": cmd_word_categories, "dump": cmd_dump}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.command == "reproduce":
+        from arlopti.analysis.reproduce import reproduce
+
+        return reproduce(args)
+    result = COMMANDS[args.command](args)
+    files = result.get("files", {"file": result.get("file")})
+    print(json.dumps({"command": args.command, "files": files}, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

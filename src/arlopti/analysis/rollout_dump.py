@@ -1,0 +1,171 @@
+"""Rollout dumps: JSONL of what the learner saw at one step, for offline analysis.
+
+``RolloutDumpCallback`` writes, on the first rollout step and then every ``every_n_steps`` rollout
+steps (``rollout_step % every_n_steps == 0``, the learner's TensorBoard x-axis), one file
+``<dirpath>/rollouts_step<NNNNNN>.jsonl`` (``.jsonl.gz`` with ``gzip: true``) with one JSON object
+per response. It reads ``pl_module.last_step_context`` in ``on_train_batch_end``, so the step's
+training is already done; it writes on global rank 0 only, and only rank 0's share of the batch
+(each rank holds whole prompts; with ``world_size`` > 1 the file says so in every record).
+
+Record fields (schema ``arlopti.rollout_dump/1``):
+
+* ``step``, ``rank``, ``world_size``, ``row`` (index in rank 0's batch), ``group_id``;
+* ``prompt`` and ``completion`` (text), ``reward``, ``correct``, ``truncated``, ``components``
+  (the task's reward components, e.g. ``format_ok``), ``response_len`` (tokens), ``meta``;
+* with ``token_arrays: true`` (default), base64 of little-endian arrays, one entry per response
+  token: ``prompt_ids`` and ``response_ids`` (int32; the prompt without its left padding),
+  ``token_probs`` (float16, p_old = exp(old_log_probs) at the rollout temperature),
+  ``advantages_raw`` and ``advantages`` (float16, before and after AR). :func:`read_dump`
+  decodes them back to numpy arrays. float16 keeps ~3 significant digits: enough for bucketing
+  and plots, not for bit-exact replays (recompute log-probs from the ids for those).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as L
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+SCHEMA = "arlopti.rollout_dump/1"
+_ARRAYS = {"prompt_ids": "<i4", "response_ids": "<i4", "token_probs": "<f2", "advantages_raw": "<f2",
+           "advantages": "<f2"}
+
+
+def encode_array(values: Any, dtype: str) -> str:
+    """base64 of ``values`` as a little-endian numpy array of ``dtype`` (e.g. ``"<f2"``)."""
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().float().numpy() if values.is_floating_point() else values.cpu().numpy()
+    return base64.b64encode(np.ascontiguousarray(np.asarray(values).astype(dtype)).tobytes()).decode("ascii")
+
+
+def decode_array(text: str, dtype: str) -> np.ndarray:
+    """Inverse of :func:`encode_array` (returns a numpy array of ``dtype``)."""
+    return np.frombuffer(base64.b64decode(text), dtype=dtype).copy()
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except TypeError:
+        return json.loads(json.dumps(value, default=str))
+
+
+def step_records(ctx, step: int, rank: int = 0, world_size: int = 1, token_arrays: bool = True,
+                 max_rows: int | None = None) -> list[dict]:
+    """The dump records of one :class:`~arlopti.learner.module.StepContext` (module docstring)."""
+    exp = ctx.experience
+    mask = exp.response_mask.bool().cpu()
+    n = len(exp) if max_rows is None else min(len(exp), max_rows)
+    probs = torch.exp(ctx.old_log_probs.detach().float()).cpu()
+    adv_raw, adv = ctx.advantages_raw.detach().cpu(), ctx.advantages.detach().cpu()
+    attn = exp.attention_mask.cpu()
+    ids = exp.input_ids.cpu()
+    records = []
+    for i in range(n):
+        m = mask[i]
+        rec = {
+            "schema": SCHEMA, "step": int(step), "rank": rank, "world_size": world_size, "row": i,
+            "group_id": int(exp.group_ids[i]),
+            "prompt": exp.prompt_texts[i] if exp.prompt_texts else "",
+            "completion": exp.response_texts[i] if exp.response_texts else "",
+            "reward": float(exp.rewards[i]), "correct": bool(exp.correct[i]), "truncated": bool(exp.truncated[i]),
+            "components": {k: float(v[i]) for k, v in exp.components.items()},
+            "response_len": int(m.sum()),
+            "meta": _jsonable(exp.metas[i]) if exp.metas else {},
+        }
+        if token_arrays:
+            prompt = ids[i, :exp.prompt_len][attn[i, :exp.prompt_len].bool()]
+            rec.update(
+                prompt_ids=encode_array(prompt, "<i4"),
+                response_ids=encode_array(ids[i, exp.prompt_len:][m], "<i4"),
+                token_probs=encode_array(probs[i][m], "<f2"),
+                advantages_raw=encode_array(adv_raw[i][m], "<f2"),
+                advantages=encode_array(adv[i][m], "<f2"))
+        records.append(rec)
+    return records
+
+
+def write_records(path: str | Path, records: list[dict]) -> Path:
+    """Write JSONL (gzip-compressed when ``path`` ends in ``.gz``); atomic via a temp file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    tmp.write_bytes(gzip.compress(body) if path.suffix == ".gz" else body)
+    tmp.replace(path)
+    return path
+
+
+def read_dump(path: str | Path) -> list[dict]:
+    """All records of a dump file, or of every ``rollouts_step*.jsonl[.gz]`` in a folder, step order.
+
+    Token arrays are decoded to numpy arrays. A line that is not JSON, or a record without the
+    schema tag, raises ``ValueError`` naming the file and line.
+    """
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("rollouts_step*.jsonl")) + sorted(path.glob("rollouts_step*.jsonl.gz"))
+        if not files:
+            raise FileNotFoundError(f"{path}: no rollouts_step*.jsonl[.gz] files in this folder")
+        out = [r for f in files for r in read_dump(f)]
+        return sorted(out, key=lambda r: (r["step"], r.get("rank", 0), r.get("row", 0)))
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such rollout dump")
+    raw = path.read_bytes()
+    text = gzip.decompress(raw).decode() if path.suffix == ".gz" else raw.decode()
+    out = []
+    for lineno, line in enumerate(io.StringIO(text), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: not a JSON line ({err})") from err
+        if rec.get("schema") != SCHEMA:
+            raise ValueError(f"{path}:{lineno}: schema {rec.get('schema')!r}, expected {SCHEMA!r}")
+        for key, dtype in _ARRAYS.items():
+            if key in rec:
+                rec[key] = decode_array(rec[key], dtype)
+        out.append(rec)
+    return out
+
+
+class RolloutDumpCallback(L.Callback):
+    """Writes a rollout dump on the first step and every ``every_n_steps`` rollout steps (module doc)."""
+
+    def __init__(self, dirpath: str, every_n_steps: int | None = 10, token_arrays: bool = True,
+                 gzip: bool = False, max_rows: int | None = None, first_step: bool = True):
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"callbacks.rollout_dump.every_n_steps={every_n_steps} must be >= 1 or null")
+        self.dirpath = Path(dirpath)
+        self.every_n_steps = every_n_steps
+        self.token_arrays = token_arrays
+        self.gzip = gzip
+        self.max_rows = max_rows
+        self.first_step = first_step
+        self.written: list[Path] = []
+
+    def due(self, step: int) -> bool:
+        """Whether rollout step ``step`` (1-based, as the learner counts after the step) is written."""
+        return (self.first_step and step == 1) or (self.every_n_steps is not None and step % self.every_n_steps == 0)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        ctx = getattr(pl_module, "last_step_context", None)
+        step = int(getattr(pl_module, "rollout_step", 0))
+        if ctx is None or not trainer.is_global_zero or not self.due(step):
+            return
+        records = step_records(ctx, step, rank=trainer.global_rank, world_size=trainer.world_size,
+                               token_arrays=self.token_arrays, max_rows=self.max_rows)
+        name = f"rollouts_step{step:06d}.jsonl" + (".gz" if self.gzip else "")
+        self.written.append(write_records(self.dirpath / name, records))
