@@ -23,7 +23,6 @@ the prompt's tokens and the sample index (the HF engine's seeds depend on the ra
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -44,31 +43,11 @@ ETA = 0.002  # a random tiny model puts p_old near 1/vocab on every token: this 
 # ---------------------------------------------------------------------------------------------
 
 
-def fixed_engine_class():
-    from arlopti.rollout.engine import Completion, RolloutEngine
+def fixed_engine(tok):
+    """:class:`helpers.fixed_rollouts.FixedEngine` with responses of at least 2 tokens."""
+    from helpers.fixed_rollouts import FixedEngine
 
-    class FixedEngine(RolloutEngine):
-        """Completions keyed by (prompt tokens, sample index): the same on any rank, any batch."""
-
-        def __init__(self, tokenizer):
-            super().__init__()
-            self.tokenizer = tokenizer
-
-        def generate(self, prompt_ids, n, sampling):
-            vocab = len(self.tokenizer)
-            out = []
-            for p in prompt_ids:
-                key = hashlib.blake2b(str(list(p)).encode(), digest_size=8).hexdigest()
-                comps = []
-                for j in range(n):
-                    rng = random.Random(f"{key}/{j}")
-                    length = rng.randint(2, sampling.max_new_tokens)
-                    ids = [rng.randrange(3, vocab) for _ in range(length)]
-                    comps.append(Completion(ids, self.tokenizer.decode(ids), "length"))
-                out.append(comps)
-            return out
-
-    return FixedEngine
+    return FixedEngine(tok, min_len=2)
 
 
 def make_cfg(kind: str):
@@ -131,7 +110,7 @@ def fit(kind: str, tok, steps: int, strategy=None, devices: int = 1, callbacks=(
     L.seed_everything(123, verbose=False)  # as train.py does: every run starts from the same RNG state
     cfg = make_cfg(kind)
     module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)
-    module.rollout_engine = fixed_engine_class()(tok)
+    module.rollout_engine = fixed_engine(tok)
     dm = ToyDataModule(tokenizer=tok, prompts_per_step=cfg.sizes.prompts_per_step, max_prompt_length=256)
     rec = recorder_class()()
     trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy or "auto", max_epochs=1, logger=False,
