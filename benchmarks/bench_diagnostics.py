@@ -17,8 +17,11 @@ A step's time is wall time from ``on_train_batch_start`` to after the diagnostic
 overhead **at the default frequency** (stats every step, update direction every
 ``--every`` = 10 steps): ``(stats − off) + (stats+dir − stats) / every``, as a share of the
 ``off`` step, and as a share of the step plus its rollout (what a real training step costs).
-The callback's own timer (``timing/diagnostics_s``) is reported too. Prints a table and writes
-``benchmarks/out/bench_diagnostics.json``. Not a test: nothing here asserts a speed.
+It is given three ways: from the per-mode medians; paired (the same differences taken within
+each round of three back-to-back steps, median over rounds); and from the callback's own timer
+(``timing/diagnostics_s``), which measures the callback alone. The step-to-step noise of ``off``
+is printed beside them: a difference smaller than it is below what step timing can resolve. Prints a table and writes
+``benchmarks/out/bench_diagnostics.json`` (``--out``). Not a test: nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -124,15 +127,27 @@ def run(args) -> dict:
     off, stats, full = (steps[m]["median"] for m in MODES)
     cheap, direction = stats - off, full - stats
     at_default = cheap + direction / args.every
+    # Paired: each round runs the three modes back to back, so per-round differences cancel slow
+    # drift; their median is the estimate least moved by one slow step.
+    rounds = [dict((m, t) for m, t, _ in timed[i:i + len(MODES)]) for i in range(0, len(timed), len(MODES))]
+    paired_cheap = statistics.median(r["stats"] - r["off"] for r in rounds)
+    paired_dir = statistics.median(r["stats+dir"] - r["stats"] for r in rounds)
+    paired_default = paired_cheap + paired_dir / args.every
+    # Resolution: how far apart two "off" steps are (median absolute deviation from their median).
+    off_times = [t for mode, t, _ in timed if mode == "off"]
+    off_mad = statistics.median(abs(t - off) for t in off_times)
     own_default = own["stats"]["median"] + (own["stats+dir"]["median"] - own["stats"]["median"]) / args.every
     return {
         "settings": vars(args), "responses": len(batch), "tokens": int(batch.response_mask.sum()),
         "prompt_len": batch.prompt_len, "rollout_s": rollout_s, "step_s": steps, "callback_own_s": own,
         "overhead_s": {"stats": cheap, "update_direction": direction, "at_default_frequency": at_default,
+                       "at_default_frequency_paired": paired_default,
                        "at_default_frequency_own_timer": own_default},
         "overhead_frac_of_step": {"stats": cheap / off, "stats+dir": (full - off) / off,
                                   "at_default_frequency": at_default / off,
+                                  "at_default_frequency_paired": paired_default / off,
                                   "at_default_frequency_own_timer": own_default / off},
+        "off_step_mad_frac": off_mad / off,
         "overhead_frac_of_step_plus_rollout": {"at_default_frequency": at_default / (off + rollout_s),
                                                "at_default_frequency_own_timer": own_default / (off + rollout_s)},
         "raw_steps": [{"mode": m, "step_s": t, "callback_s": o} for m, t, o in timed],
@@ -152,6 +167,7 @@ def main() -> None:
     p.add_argument("--cold-start-steps", type=int, default=0,
                    help="sample from the cached SFT-warmed model (timings do not depend on the rewards)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="bench_diagnostics.json", help="file name under benchmarks/out/")
     args = p.parse_args()
     if args.quick:
         args.prompts, args.max_new_tokens = 2, 48
@@ -167,7 +183,9 @@ def main() -> None:
     print(f"at the default frequency (dir every {args.every}): {100 * f['at_default_frequency']:.2f}% of the "
           f"update step (callback's own timer: {100 * f['at_default_frequency_own_timer']:.2f}%), "
           f"{100 * res['overhead_frac_of_step_plus_rollout']['at_default_frequency']:.2f}% of step + rollout")
-    path = write_json("bench_diagnostics.json", res)
+    print(f"paired per-round estimate at the default frequency: {100 * f['at_default_frequency_paired']:.2f}%; "
+          f"step-to-step noise of 'off' (median abs. deviation): {100 * res['off_step_mad_frac']:.2f}% of a step")
+    path = write_json(args.out, res)
     print(f"wrote {path}")
 
 
