@@ -20,8 +20,9 @@ overhead **at the default frequency** (stats every step, update direction every
 It is given three ways: from the per-mode medians; paired (the same differences taken within
 each round of three back-to-back steps, median over rounds); and from the callback's own timer
 (``timing/diagnostics_s``), which measures the callback alone. The step-to-step noise of ``off``
-is printed beside them: a difference smaller than it is below what step timing can resolve. Prints a table and writes
-``benchmarks/out/bench_diagnostics.json`` (``--out``). Not a test: nothing here asserts a speed.
+is printed beside them: a difference smaller than it is below what step timing can resolve.
+Prints a table and writes ``benchmarks/out/bench_diagnostics.json`` (``--out``). Not a test:
+nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -183,8 +184,9 @@ def main() -> None:
     print(f"at the default frequency (dir every {args.every}): {100 * f['at_default_frequency']:.2f}% of the "
           f"update step (callback's own timer: {100 * f['at_default_frequency_own_timer']:.2f}%), "
           f"{100 * res['overhead_frac_of_step_plus_rollout']['at_default_frequency']:.2f}% of step + rollout")
-    print(f"paired per-round estimate at the default frequency: {100 * f['at_default_frequency_paired']:.2f}%; "
-          f"step-to-step noise of 'off' (median abs. deviation): {100 * res['off_step_mad_frac']:.2f}% of a step")
+    paired, noise = 100 * f["at_default_frequency_paired"], 100 * res["off_step_mad_frac"]
+    print(f"paired per-round estimate at the default frequency: {paired:.2f}%; "
+          f"step-to-step noise of 'off' (median abs. deviation): {noise:.2f}% of a step")
     path = write_json(args.out, res)
     print(f"wrote {path}")
 
