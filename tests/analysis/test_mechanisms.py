@@ -138,12 +138,17 @@ def test_live_diagnostics_on_smollm2_match_a_direct_computation(smol):
     print("\nbucket fractions:", dict(zip(BUCKET_NAMES, frac)), "grad-mass shares:", dict(zip(BUCKET_NAMES, shares)))
 
 
-def test_ar_scales_each_tokens_logit_gradient_by_its_weight(smol):
+def _first_rows_logits(smol, n: int = 4):
+    """The first ``n`` responses: (sub-batch, tempered logits z with grad, targets, mask, old log-probs)."""
     loaded, batch, old = smol
-    rows = list(range(4))
+    rows = list(range(n))
     sub = batch.select(rows)
-    z, targets = _tempered_logits(loaded.policy, sub, rows=list(range(len(rows))))
-    mask, o = sub.response_mask, old[rows, :sub.response_mask.shape[1]]
+    z, targets = _tempered_logits(loaded.policy, sub, rows=list(range(n)))
+    return sub, z, targets, sub.response_mask, old[rows, :sub.response_mask.shape[1]]
+
+
+def test_ar_scales_each_tokens_logit_gradient_by_its_weight(smol):
+    sub, z, targets, mask, o = _first_rows_logits(smol)
     adv = sub.advantages
     cfg = LossConfig(kl_coef=0.0)
     grads = {}
@@ -156,11 +161,7 @@ def test_ar_scales_each_tokens_logit_gradient_by_its_weight(smol):
 
 
 def test_lopti_phase_one_gives_high_tokens_zero_gradient(smol):
-    loaded, batch, old = smol
-    rows = list(range(4))
-    sub = batch.select(rows)
-    z, targets = _tempered_logits(loaded.policy, sub, rows=list(range(len(rows))))
-    mask, o = sub.response_mask, old[rows, :sub.response_mask.shape[1]]
+    sub, z, targets, mask, o = _first_rows_logits(smol)
     low, high = lopti_masks(o, mask, 0.5)
     assert low.any() and high.any()
     logp = _logp(z, targets)
