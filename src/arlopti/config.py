@@ -35,6 +35,9 @@ class LoptiConfig:
     granularity: str = "batch"  # batch: [low mb1..mbK, high mb1..mbK] (official) | minibatch
     reverse: bool = False  # high first (the paper's ablation)
     normalize: str = "all"  # all: divide by all valid tokens (official) | phase: by the phase's own
+    # A phase with no token on any rank: skip (ours: no optimizer or scheduler step) | step (official:
+    # an optimizer step on zero gradients, so weight decay and Adam's moments and step count still act)
+    empty_phase: str = "skip"
 
 
 @dataclass
@@ -66,7 +69,13 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     momentum: float = 0.0  # sgd only
-    warmup_steps: int = 0  # optimizer steps of linear warm-up, then constant
+    warmup_steps: int = 0  # scheduler steps of linear warm-up, then constant
+    # linear_warmup (ours): multiplier min(1, (s+1)/warmup), 1 without warm-up, so step 0 runs at lr;
+    # verl (official): min(1, s/max(1, warmup)), so the very first scheduler step runs at lr 0
+    lr_schedule: str = "linear_warmup"
+    # optimizer_step (ours): the scheduler steps after every optimizer step; phase (official): once per
+    # phase pass over the mini-batches (verl's once per update_actor call), so twice per step under Lopti
+    scheduler_interval: str = "optimizer_step"
     grad_clip: float | None = 1.0
 
 
@@ -99,6 +108,8 @@ class ModelConfig:
     dtype: str = "float32"  # master weights
     logprob_impl: str = "fused"  # fused | naive
     gradient_checkpointing: bool = False
+    # dtype of the frozen reference model; null = model.dtype. The GPU experiments use bfloat16 (official)
+    ref_dtype: str | None = None
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     # FSDP2: the decoder-layer class to shard; null = infer from the model (see learner.sharding)
     decoder_layer_class: str | None = None
@@ -132,6 +143,24 @@ class RunConfig:
     sizes: SizesConfig = field(default_factory=SizesConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+def linear_warmup_multiplier(step: int, warmup: int) -> float:
+    """Ours (``optim.lr_schedule=linear_warmup``): ``min(1, (step + 1) / warmup)``, 1 without
+    warm-up, so the first scheduler step already runs at a non-zero lr."""
+    return min(1.0, (step + 1) / warmup) if warmup > 0 else 1.0
+
+
+def verl_multiplier(step: int, warmup: int) -> float:
+    """Official (``optim.lr_schedule=verl``): ``min(1, step / max(1, warmup))``, restating
+    ``get_constant_schedule_with_warmup`` in ``verl/utils/torch_functional.py`` of
+    zhyang2226/AR-Lopti. With ``warmup = 0`` the multiplier at step 0 is 0: the first update runs
+    at lr 0 (Adam's moments and step count still advance)."""
+    return min(1.0, step / max(1, warmup))
+
+
+#: ``optim.lr_schedule`` -> the LR multiplier at scheduler step ``s`` given ``warmup`` steps.
+LR_SCHEDULES = {"linear_warmup": linear_warmup_multiplier, "verl": verl_multiplier}
 
 
 def from_dict(cls, data: Mapping[str, Any] | None, where: str):
@@ -175,6 +204,8 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
              f"algorithm.lopti.granularity={a.lopti.granularity!r}: use 'batch' or 'minibatch'")
     _require(a.lopti.normalize in ("all", "phase"),
              f"algorithm.lopti.normalize={a.lopti.normalize!r}: use 'all' or 'phase'")
+    _require(a.lopti.empty_phase in ("skip", "step"),
+             f"algorithm.lopti.empty_phase={a.lopti.empty_phase!r}: use 'skip' (ours) or 'step' (official)")
     _require(a.advantage in ADVANTAGE_ESTIMATORS.names(),
              f"algorithm.advantage={a.advantage!r}: choose one of {ADVANTAGE_ESTIMATORS.names()}")
     _require(a.kl_estimator in KL_ESTIMATORS.names(),
@@ -216,11 +247,17 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     _require(o.name in ("adamw", "sgd"), f"optim.name={o.name!r}: use 'adamw' or 'sgd'")
     _require(o.lr > 0, f"optim.lr={o.lr} must be > 0")
     _require(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
+    _require(o.lr_schedule in LR_SCHEDULES,
+             f"optim.lr_schedule={o.lr_schedule!r}: use one of {list(LR_SCHEDULES)}")
+    _require(o.scheduler_interval in ("optimizer_step", "phase"),
+             f"optim.scheduler_interval={o.scheduler_interval!r}: use 'optimizer_step' (ours) or 'phase' (official)")
     _require(o.grad_clip is None or o.grad_clip > 0, f"optim.grad_clip={o.grad_clip} must be > 0 or null")
 
     m, r = cfg.model, cfg.rollout
     _require(m.logprob_impl in ("fused", "naive"), f"model.logprob_impl={m.logprob_impl!r}: use 'fused' or 'naive'")
     _require(m.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={m.dtype!r}: float32, bfloat16 or float16")
+    _require(m.ref_dtype in (None, "float32", "bfloat16", "float16"),
+             f"model.ref_dtype={m.ref_dtype!r}: float32, bfloat16, float16 or null (= model.dtype)")
     _require(r.backend in ("hf", "vllm"), f"rollout.backend={r.backend!r}: use 'hf' or 'vllm'")
     _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
              "(log-probs are computed from logits / T)")

@@ -93,7 +93,7 @@ def load_model_for_eval(cfg: DictConfig):
 def evaluate(cfg: DictConfig) -> dict:
     from arlopti.config import RolloutConfig, from_dict
     from arlopti.rollout.callback import build_engine
-    from arlopti.tasks.base import get_task
+    from arlopti.tasks.base import check_task_options, get_task
 
     suite = OmegaConf.to_container(cfg.eval, resolve=True)
     policy, tok = load_model_for_eval(cfg)
@@ -110,10 +110,12 @@ def evaluate(cfg: DictConfig) -> dict:
     holder.policy, holder.tokenizer = policy, tok
     engine = build_engine(rollout, holder)
     tasks: dict = {}
+    task_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
+    check_task_options(task_options)
 
     def task_for(name):
         if name not in tasks:
-            tasks[name] = get_task(name)
+            tasks[name] = get_task(name, **task_options.get(name, {}))
         return tasks[name]
 
     try:
@@ -123,7 +125,8 @@ def evaluate(cfg: DictConfig) -> dict:
         for t in tasks.values():
             t.close()
         engine.close()
-    report = {"suite": suite, "model": cfg.get("ckpt_path") or cfg.model.name_or_path, "metrics": metrics,
+    report = {"suite": suite, "model": cfg.get("ckpt_path") or cfg.model.name_or_path, "tasks": task_options,
+              "metrics": metrics,
               "sets": [{"name": r.name, "mode": r.mode, "problems": r.problems, "n": r.n, "samples": r.samples}
                        for r in results]}
     out = Path(cfg.output_file)

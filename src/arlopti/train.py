@@ -157,10 +157,12 @@ def build(cfg: DictConfig):
     """Everything but the fit: (trainer, module, datamodule)."""
     from arlopti.learner.module import GRPOModule
     from arlopti.models import load_tokenizer
+    from arlopti.tasks.base import check_task_options
 
     L.seed_everything(cfg.seed, workers=True)
     run = run_config(cfg)
     validate_run(run, world_size(cfg))
+    check_task_options(OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else None)
     tokenizer = load_tokenizer(run.model.name_or_path, run.model.tiny.vocab_size)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer)
     module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"))

@@ -38,10 +38,10 @@ class MathDataModule(PromptDataModule):
                  train_file: str | Path | None = None, dataset_name: str | None = None,
                  template: str = "raw", val_benchmarks: list[str] | None = None,
                  val_limit: int | None = None, val_data_dir: str | Path | None = None,
-                 limit: int | None = None):
+                 limit: int | None = None, val_max_prompt_length: int | None = None):
         super().__init__(tokenizer=tokenizer, prompts_per_step=prompts_per_step,
                          max_prompt_length=max_prompt_length, seed=seed, shuffle=shuffle,
-                         num_workers=num_workers)
+                         num_workers=num_workers, val_max_prompt_length=val_max_prompt_length)
         if template not in TEMPLATES:
             raise ValueError(f"data.template={template!r} is unknown; known templates: {list(TEMPLATES)}")
         if train_file is None:

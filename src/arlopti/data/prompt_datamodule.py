@@ -6,6 +6,8 @@ This base class then
 
 * renders and tokenises each record with the model's tokenizer;
 * **filters** prompts longer than ``max_prompt_length`` (never truncates) and logs the count;
+  validation sets use ``val_max_prompt_length`` when set (``fidelity=official``: 1,024, the
+  official validation filter), else the same ``max_prompt_length``;
 * yields :class:`~arlopti.data.batch.PromptBatch` objects of ``prompts_per_step`` prompts per
   optimizer-independent *rollout step*, sharded across data-parallel ranks (rank r takes a
   contiguous slice of the global batch, so whole prompts, and therefore whole GRPO groups,
@@ -185,11 +187,17 @@ class PromptDataModule(L.LightningDataModule):
     task_name = "task"
 
     def __init__(self, tokenizer=None, prompts_per_step: int = 8, max_prompt_length: int = 512,
-                 seed: int = 42, shuffle: bool = True, num_workers: int = 0):
+                 seed: int = 42, shuffle: bool = True, num_workers: int = 0,
+                 val_max_prompt_length: int | None = None):
         super().__init__()
+        for key, value in (("max_prompt_length", max_prompt_length), ("val_max_prompt_length", val_max_prompt_length)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"data.{key}={value!r} must be a positive integer (tokens)"
+                                 + (" or null (= data.max_prompt_length)" if key.startswith("val") else ""))
         self.tokenizer = tokenizer
         self.prompts_per_step = prompts_per_step
         self.max_prompt_length = max_prompt_length
+        self.val_max_prompt_length = val_max_prompt_length
         self.seed = seed
         self.shuffle = shuffle
         self.num_workers = num_workers
@@ -218,9 +226,10 @@ class PromptDataModule(L.LightningDataModule):
         self.train_samples, dropped = tokenize_records(
             self.train_records(), self.tokenizer, self.max_prompt_length, f"{self.task_name}/train")
         self.filtered_counts["train"] = dropped
+        val_limit = self.val_max_prompt_length or self.max_prompt_length
         for name, records in self.val_records().items():
             self.val_sets[name], self.filtered_counts[name] = tokenize_records(
-                records, self.tokenizer, self.max_prompt_length, f"{self.task_name}/{name}")
+                records, self.tokenizer, val_limit, f"{self.task_name}/{name}")
         world, rank = 1, 0
         if getattr(self, "trainer", None) is not None:
             world, rank = self.trainer.world_size, self.trainer.global_rank

@@ -32,7 +32,8 @@ def parse_modes(modes: dict | None) -> dict[str, tuple[EvalMode, ...]]:
 class BenchmarkEvalCallback(L.Callback):
     def __init__(self, every_n_steps: int | None = 20, before_training: bool = True, at_end: bool = True,
                  limit: int | None = None, max_new_tokens: int = 256, modes: dict | None = None,
-                 sets: list[str] | None = None, seed: int = 1234, log_samples: int = 2):
+                 sets: list[str] | None = None, seed: int = 1234, log_samples: int = 2,
+                 task_kwargs: dict | None = None):
         self.every_n_steps = every_n_steps
         self.before_training = before_training
         self.at_end = at_end
@@ -42,12 +43,13 @@ class BenchmarkEvalCallback(L.Callback):
         self.sets = sets
         self.seed = seed
         self.log_samples = log_samples
+        self.task_kwargs = dict(task_kwargs or {})  # the run's `tasks` node: reward options per task
         self._tasks: dict[str, Task] = {}
         self._last_step = -1
 
     def _task(self, name: str) -> Task:
         if name not in self._tasks:
-            self._tasks[name] = get_task(name)
+            self._tasks[name] = get_task(name, **self.task_kwargs.get(name, {}))
         return self._tasks[name]
 
     def _engine(self, trainer, pl_module):

@@ -44,9 +44,12 @@ update depends on the split by definition (also with a token budget, where the s
 the lengths). Under Lopti both phases divide by *all* valid tokens (``lopti.normalize=all``,
 official) or by the phase's own (``phase``).
 
-Empty phases: a phase with no tokens on any rank (e.g. no token with p_old < η) takes no
-optimizer step and is logged as ``update/<phase>/skipped_empty``. Adam's moments and step
-count are then untouched, so the next step's bias correction is as if the phase never existed.
+Empty phases (``algorithm.lopti.empty_phase``): ``skip`` (ours) - a phase with no tokens on any
+rank (e.g. no token with p_old < η) takes no optimizer step and is logged as
+``update/<phase>/skipped_empty``; Adam's moments and step count are then untouched, so the next
+step's bias correction is as if the phase never existed. ``step`` (official) - the phase's
+mini-batches run as usual: zero loss, zero gradients, and an AdamW step in which weight decay
+and the moments act and the step count advances.
 
 Non-finite loss or gradient norm: the step is skipped (gradients dropped, no optimizer or
 scheduler step), logged as ``update/nonfinite_skips``, and training continues; after
@@ -64,13 +67,16 @@ Counters: Lightning's ``global_step`` counts optimizer steps (so Lopti doubles i
 ``rollout_step`` counts training steps (TensorBoard's x-axis, checkpoint cadence) and
 ``weight_version`` increments on every optimizer step (the rollout engine syncs on it).
 
-Learning rate: constant after ``optim.warmup_steps`` of linear warm-up, stepped per optimizer
-step. The official code's constant-with-warmup schedule has multiplier 0 at step 0, so its
-very first update runs at lr = 0; we do not reproduce that (step 0 runs at lr/warmup or lr).
+Learning rate: constant after ``optim.warmup_steps`` of linear warm-up. Ours
+(``optim.lr_schedule=linear_warmup``, ``optim.scheduler_interval=optimizer_step``): stepped per
+optimizer step, step 0 runs at lr/warmup or lr. Official (``verl``, ``phase``; set together by
+``fidelity=official``): verl's constant-with-warmup multiplier ``min(1, s / max(1, warmup))``,
+stepped once per phase pass, so the run's very first phase pass runs at lr = 0.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -85,7 +91,7 @@ from torch import Tensor
 from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, LossConfig, Phase, advantage_reweight, ar_weights,
                                 broadcast_to_tokens, grpo_objective, lopti_masks, normaliser, phase_plan,
                                 zero_std_group_fraction)
-from arlopti.config import RunConfig, validate_run
+from arlopti.config import LR_SCHEDULES, RunConfig, validate_run
 from arlopti.learner.experience import Experience
 from arlopti.learner.microbatch import fixed_micro_batches, micro_batch_cost, min_micro_batches, plan_micro_batches
 from arlopti.learner.policy import PolicyLM, disable_dropout
@@ -159,10 +165,10 @@ class GRPOModule(L.LightningModule):
         self.tokenizer = tokenizer
         self.total_rollout_steps = total_rollout_steps
         self.log_completions = log_completions
-        self.policy = PolicyLM(self._load_model(), cfg.model.logprob_impl)
+        self.policy = PolicyLM(self._load_model(cfg.model.dtype), cfg.model.logprob_impl)
         self.ref: PolicyLM | None = None
         if cfg.algorithm.kl_coef > 0:  # β = 0 loads no reference model
-            self.ref = PolicyLM(self._load_model(), cfg.model.logprob_impl)
+            self.ref = PolicyLM(self._load_model(cfg.model.ref_dtype or cfg.model.dtype), cfg.model.logprob_impl)
             self.ref.requires_grad_(False)
             self.ref.eval()
         if cfg.model.gradient_checkpointing:
@@ -185,13 +191,13 @@ class GRPOModule(L.LightningModule):
         self._warned_oversized = False
 
     # ------------------------------------------------------------------ set-up
-    def _load_model(self):
+    def _load_model(self, dtype: str):
         m = self.cfg.model
         t = m.tiny
         spec = TinySpec(arch=t.arch, hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
                         num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
                         tie_word_embeddings=t.tie_word_embeddings, seed=t.seed)
-        model = load_causal_lm(m.name_or_path, self.tokenizer, dtype=m.dtype, tiny=spec)
+        model = load_causal_lm(m.name_or_path, self.tokenizer, dtype=dtype, tiny=spec)
         disable_dropout(model)
         return model
 
@@ -236,9 +242,9 @@ class GRPOModule(L.LightningModule):
             opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
         else:
             opt = torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-        warm = o.warmup_steps
+        # optim.lr_schedule / optim.scheduler_interval: ours, or the official verl schedule (config.py)
         sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+            opt, functools.partial(LR_SCHEDULES[o.lr_schedule], warmup=o.warmup_steps))
         return [opt], [{"scheduler": sched, "interval": "step"}]
 
     # ------------------------------------------------------------------ helpers
@@ -403,14 +409,17 @@ class GRPOModule(L.LightningModule):
                                  phase_stats[name0], micro_batches=micro_plan[tuple(mb0)], first=first)
             adv, phases, empty = resolved["v"]
             start = 1
+            self._end_of_phase_pass(order, 0)
         else:
             adv, phases, empty = finish_old()
         by_name = {ph.name: ph for ph in phases}
-        for name, mb in order[start:]:
-            if empty[name]:
-                continue
-            self._optimizer_step(exp, mb, by_name[name], old_logp, ref_logp, adv, phase_stats[name],
-                                 micro_batches=micro_plan[tuple(mb)])
+        skip_empty = a.lopti.empty_phase == "skip"
+        for i in range(start, len(order)):
+            name, mb = order[i]
+            if not (empty[name] and skip_empty):
+                self._optimizer_step(exp, mb, by_name[name], old_logp, ref_logp, adv, phase_stats[name],
+                                     micro_batches=micro_plan[tuple(mb)])
+            self._end_of_phase_pass(order, i)
         t_update = time.perf_counter() - t1
 
         # 5. bookkeeping and metrics
@@ -418,7 +427,7 @@ class GRPOModule(L.LightningModule):
         for ph in phases:
             stats = phase_stats.get(ph.name, {})
             prefix = f"update/{ph.name}"
-            metrics[f"{prefix}/skipped_empty"] = float(empty[ph.name])
+            metrics[f"{prefix}/skipped_empty"] = float(empty[ph.name] and skip_empty)
             for k, v in stats.items():
                 metrics[f"{prefix}/{k}"] = float(sum(v) / len(v))
         metrics.update(self._rollout_metrics(exp, old_logp, adv_raw, adv, phases))
@@ -496,7 +505,7 @@ class GRPOModule(L.LightningModule):
             loss_total += float(loss.detach())
             for k, v in m.items():
                 step_metrics[k].append(v)
-        if first is not None and first.on_filled():
+        if first is not None and first.on_filled() and a.lopti.empty_phase == "skip":
             # the phase has no token on any rank: its loss was identically zero; take no step
             opt.zero_grad(set_to_none=True)
             return
@@ -517,13 +526,23 @@ class GRPOModule(L.LightningModule):
             return
         self.consecutive_skips = 0
         opt.step()
-        sched.step()
+        if self.cfg.optim.scheduler_interval == "optimizer_step":
+            sched.step()
         self.weight_version += 1
         stats["loss"].append(loss_total)
         stats["grad_norm"].append(grad_norm)
         stats["steps"].append(1.0)
         for k, v in step_metrics.items():
             stats[k].append(sum(v) if k == "tokens" else sum(v) / len(v))
+
+    def _end_of_phase_pass(self, order: list[tuple[str, list[int]]], i: int) -> None:
+        """``optim.scheduler_interval=phase`` (official): step the LR scheduler once after each run
+        of consecutive optimizer steps of one phase in ``order`` (one ``update_actor`` call in
+        verl 0.2: with ``granularity=batch`` once per phase), whether or not steps were taken."""
+        if self.cfg.optim.scheduler_interval != "phase":
+            return
+        if i + 1 == len(order) or order[i + 1][0] != order[i][0]:
+            self.lr_schedulers().step()
 
     # ------------------------------------------------------------------ metrics
     def _padding_metrics(self, exp: Experience, micro_plan: dict[tuple[int, ...], list[list[int]]]) -> dict[str, float]:

@@ -140,6 +140,34 @@ def model_head_dim(config) -> int | None:
     return int(hidden) // int(heads) if heads and hidden else None
 
 
+def engine_placement(device_type: str, world_size: int, rank: int, local_rank: int) -> tuple[dict, dict]:
+    """``(extra engine arguments, environment variables)`` that put this rank's colocated engine on
+    this rank's own device.
+
+    vLLM's in-process uni-process executor takes its device index from ``device_config.device``
+    (``vllm/v1/executor/uniproc_executor.py``, ``UniProcExecutor._distributed_args``: index 0
+    unless the device names one), so under ``trainer=fsdp trainer.devices=4`` every rank's engine
+    would land on ``cuda:0``. On CUDA with several ranks we use vLLM's
+    ``ExecutorWithExternalLauncher`` (``distributed_executor_backend="external_launcher"``, the
+    same file), which reads ``RANK`` and ``LOCAL_RANK`` from the environment, as TRL's colocate
+    mode does. Lightning's launcher sets ``LOCAL_RANK`` and ``WORLD_SIZE`` but not ``RANK``, so
+    all three are set here. On CPU, or with one rank, the uni-process executor is right as it is.
+    """
+    if device_type != "cuda" or world_size <= 1:
+        return {}, {}
+    return ({"distributed_executor_backend": "external_launcher"},
+            {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)})
+
+
+def current_placement(device_type: str) -> tuple[dict, dict]:
+    """:func:`engine_placement` for this process: rank and world from ``torch.distributed`` (1 and 0
+    when it is not initialised), the local rank from ``LOCAL_RANK`` (else the rank)."""
+    dist = torch.distributed
+    on = dist.is_available() and dist.is_initialized()
+    world, rank = (dist.get_world_size(), dist.get_rank()) if on else (1, 0)
+    return engine_placement(device_type, world, rank, int(os.environ.get("LOCAL_RANK", rank)))
+
+
 def check_cpu_head_dim(head_dim: int | None) -> None:
     """vLLM-CPU's attention backend runs only some head sizes: refuse others before starting it."""
     try:
@@ -374,6 +402,12 @@ class VLLMEngine(RolloutEngine):
         if quiet:  # start-up chatter (performance hints, eager mode, ...) only at ERROR; WARNING again after
             kwargs["log_level"] = "ERROR"  # vLLM applies this the first time it configures logging
             _set_vllm_log_level(logging.ERROR)  # later engines in the process reuse that configuration
+        placement, env = current_placement(current_platform.device_type)
+        if placement and "distributed_executor_backend" not in accepted:
+            raise RuntimeError("this vLLM has no distributed_executor_backend: it cannot give each rank's engine its "
+                               "own GPU; use one device per run or a newer vLLM")
+        kwargs.update(placement)
+        os.environ.update(env)
         for optional in ("logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level"):
             if optional not in accepted:
                 if optional == "logprobs_mode" and cfg.return_logprobs:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 @dataclass(frozen=True)
@@ -57,3 +57,19 @@ def get_task(name: str, **kwargs) -> Task:
     if name not in _TASKS:
         raise KeyError(f"task={name!r} is not registered; known tasks: {sorted(_TASKS)}")
     return _TASKS[name](**kwargs)
+
+
+def check_task_options(options: Mapping[str, Mapping[str, Any]] | None) -> None:
+    """Build each configured task once (``tasks.<name>`` -> its constructor's keyword arguments)
+    so that a bad option fails at start-up with :class:`~arlopti.config.ConfigError` naming the
+    key, not at the first reward. Tasks start no worker before their first call."""
+    from arlopti.config import ConfigError
+
+    for name, kwargs in (options or {}).items():
+        try:
+            task = get_task(name, **dict(kwargs or {}))
+        except KeyError as err:
+            raise ConfigError(f"tasks.{name}: {err.args[0]}") from None
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"tasks.{name}={dict(kwargs or {})}: {err}") from None
+        task.close()

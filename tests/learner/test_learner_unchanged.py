@@ -1,0 +1,81 @@
+"""The learner computes what it computed before it was reshaped (issue 13: "no change to what any
+run computes").
+
+GRPO, AR, Lopti and AR + Lopti each train 2 rollout steps on the tiny model from the same seed
+(HF rollouts, toy reward, AdamW, KL on). ``fixtures/learner_params.json`` holds, per algorithm and
+parameter, the SHA-256 of the final fp32 bytes, recorded on the code before the reshaping (commit
+message says which), plus float64 sums for a readable diff. On the machine kind that recorded it
+(same torch, same CPU kernel family) the bytes must be equal; elsewhere, where another kernel
+may round differently, the sums must agree to 1e-5 relative.
+
+Re-record only when a change is *meant* to alter the numbers:
+``ARLOPTI_RECORD=1 pytest tests/learner/test_learner_unchanged.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import pytest
+import torch
+
+from arlopti.config import AlgorithmConfig, LoptiConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
+from arlopti.learner.module import GRPOModule
+from helpers.toy import ToyDataModule, toy_trainer
+
+FIXTURE = Path(__file__).parent / "fixtures" / "learner_params.json"
+ETA = 0.002  # splits a random tiny model's p_old (~1/vocab) in two
+ALGOS = {
+    "grpo": AlgorithmConfig(kl_coef=0.01),
+    "ar": AlgorithmConfig(kl_coef=0.01, ar_alpha=0.3),
+    "lopti": AlgorithmConfig(kl_coef=0.01, lopti=LoptiConfig(enabled=True, eta=ETA)),
+    "ar_lopti": AlgorithmConfig(kl_coef=0.01, ar_alpha=0.3, lopti=LoptiConfig(enabled=True, eta=ETA)),
+}
+
+
+def _machine() -> str:
+    return f"torch {torch.__version__} / {platform.machine()} / {torch.backends.cpu.get_cpu_capability()}"
+
+
+def _train(name: str, tok) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    cfg = RunConfig(algorithm=ALGOS[name],
+                    sizes=SizesConfig(prompts_per_step=2, group_size=4, mini_batch_size=4, micro_batch_size=2,
+                                      logprob_micro_batch_size=8),
+                    optim=OptimConfig(lr=1e-3), rollout=RolloutConfig(temperature=1.0, max_new_tokens=12, seed=7))
+    module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=2)
+    dm = ToyDataModule(tokenizer=tok, prompts_per_step=2, max_prompt_length=256, seed=3)
+    toy_trainer().fit(module, datamodule=dm)
+    assert module.rollout_step == 2
+    return {k: v.detach().float().contiguous() for k, v in module.policy.named_parameters()}
+
+
+def _digest(params: dict[str, torch.Tensor]) -> dict[str, dict]:
+    return {k: {"sha256": hashlib.sha256(v.numpy().tobytes()).hexdigest(), "sum": float(v.double().sum()),
+                "abs_sum": float(v.double().abs().sum())} for k, v in params.items()}
+
+
+@pytest.mark.parametrize("name", list(ALGOS))
+def test_two_steps_give_the_recorded_parameters(name, tiny_tokenizer):
+    got = _digest(_train(name, tiny_tokenizer))
+    if os.environ.get("ARLOPTI_RECORD"):
+        data = json.loads(FIXTURE.read_text()) if FIXTURE.exists() else {}
+        data["machine"] = _machine()
+        data[name] = got
+        FIXTURE.parent.mkdir(exist_ok=True)
+        FIXTURE.write_text(json.dumps(data, indent=1, sort_keys=True))
+        pytest.skip(f"recorded {name} into {FIXTURE}")
+    want = json.loads(FIXTURE.read_text())
+    assert sorted(got) == sorted(want[name])
+    if want["machine"] == _machine():
+        changed = [k for k in got if got[k]["sha256"] != want[name][k]["sha256"]]
+        assert not changed, f"{name}: parameters differ from the recorded run: " + ", ".join(
+            f"{k} (sum {got[k]['sum']:.9g} vs {want[name][k]['sum']:.9g})" for k in changed[:5])
+    else:
+        for k in got:
+            for stat in ("sum", "abs_sum"):
+                assert got[k][stat] == pytest.approx(want[name][k][stat], rel=1e-5, abs=1e-6), (name, k, stat)
