@@ -176,6 +176,60 @@ def test_long_prompts_are_filtered_and_counted_not_truncated(tiny_tokenizer):
     assert all(s.prompt_ids == full_by_uid[s.uid] for s in short.train_samples)  # untouched
 
 
+def test_official_template_feeds_each_record_prompt_verbatim(tiny_tokenizer):
+    kk = need_fixture("kk")
+    dm = KKDataModule(tokenizer=tiny_tokenizer, source="official", data_dir=str(kk), template="official",
+                      train_people=[5], train_count_per_n=6, val_people=[3, 7], val_count_per_n=4,
+                      prompts_per_step=2, max_prompt_length=BIG)
+    dm.setup()
+    records = {}
+    for n in (3, 7):
+        for line in (kk / f"kk_test_{n}ppl.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            records[f"kk/test/{n}ppl/{r['index']}"] = r
+    with gzip.open(kk / "kk_train_34567ppl.jsonl.gz", "rt") as fh:
+        for line in fh:
+            r = json.loads(line)
+            records[f"kk/train/{r['n_people']}ppl/{r['index']}"] = r
+    samples = dm.train_samples + [s for v in dm.val_sets.values() for s in v]
+    assert len(samples) == 6 + 8
+    for s in samples:
+        prompt = records[s.uid]["prompt"]
+        assert s.prompt_text == prompt and prompt.endswith("<|im_start|>assistant\n<think>")
+        assert s.prompt_ids == tiny_tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        assert s.ground_truth == records[s.uid]["solution_text_format"]
+
+
+def test_official_template_needs_the_prompt_field(tmp_path):
+    lines = need_fixture("kk/kk_test_4ppl.jsonl").read_text().splitlines()
+    stripped = json.loads(lines[2])
+    del stripped["prompt"]
+    bad = tmp_path / "no_prompt.jsonl"
+    bad.write_text("\n".join([lines[0], lines[1], "", json.dumps(stripped)]) + "\n")
+    with pytest.raises(ValueError) as err:
+        KKDataModule(source="files", train_file=str(bad), template="official").train_records()
+    text = str(err.value)
+    assert f"{bad}:4 (record 2)" in text and "'prompt'" in text
+    assert "data.template=qwen-instruct" in text and "official 'prompt' field" in text
+    with pytest.raises(ValueError, match=r"no_prompt.jsonl:4 \(record 2\)"):
+        KKDataModule(source="files", val_files={"v": str(bad)}, template="official").val_records()
+    # Our own template does not need it.
+    assert len(KKDataModule(source="files", train_file=str(bad)).train_records()) == 3
+    with pytest.raises(ValueError, match="data.source=generated.*qwen-instruct"):
+        KKDataModule(source="generated", template="official")
+
+
+def test_val_max_prompt_length_filters_validation_only(tiny_tokenizer):
+    # fidelity=official sets data.val_max_prompt_length (the official validation filter, 1,024).
+    dm = generated(tiny_tokenizer)
+    lengths = sorted(len(s.prompt_ids) for v in dm.val_sets.values() for s in v)
+    cut = lengths[len(lengths) // 2]
+    split = generated(tiny_tokenizer, val_max_prompt_length=cut)
+    assert len(split.train_samples) == 24 and split.filtered_counts["train"] == 0
+    assert sum(len(v) for v in split.val_sets.values()) == sum(1 for n in lengths if n <= cut)
+    assert all(len(s.prompt_ids) <= cut for v in split.val_sets.values() for s in v)
+
+
 def test_base_template(tiny_tokenizer):
     dm = generated(tiny_tokenizer, template="base")
     text = dm.train_samples[0].prompt_text
@@ -208,7 +262,8 @@ def test_kk_config_composes_and_instantiates(tiny_tokenizer, tmp_path):
     from hydra.utils import instantiate
 
     cfg = compose(tmp_path, "kk")
-    assert cfg.data.max_prompt_length == 400 and cfg.data.template == "qwen-instruct"
+    assert cfg.data.max_prompt_length == 400 and cfg.data.template == "official"
+    assert cfg.data.val_max_prompt_length is None
     dm = instantiate(cfg.data, tokenizer=tiny_tokenizer)
     assert isinstance(dm, KKDataModule) and dm.prompts_per_step == 8 and dm.seed == 3
     dm.setup()
@@ -222,6 +277,7 @@ def test_kk_generated_config_composes_and_instantiates(tiny_tokenizer, tmp_path)
     from hydra.utils import instantiate
 
     cfg = compose(tmp_path, "kk_generated")
+    assert cfg.data.template == "qwen-instruct"  # generated puzzles have no official prompt
     dm = instantiate(cfg.data, tokenizer=tiny_tokenizer, max_prompt_length=BIG)
     dm.setup()
     assert len(dm.train_samples) == 600 and dm.filtered_counts["train"] == 0

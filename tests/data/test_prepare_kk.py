@@ -74,10 +74,17 @@ def test_files_fixture_layout_reproduces_the_fixture(tmp_path):
     assert run(["--source", "files", "--input-dir", str(kk), "--out", str(out)]) == 0
     train, fixture_train = lines(out / "train.jsonl"), lines(kk / "kk_train_34567ppl.jsonl.gz")
     assert len(train) == 4500
-    assert [{f: r[f] for f in FIELDS} for r in train] == [{f: r[f] for f in FIELDS} for r in fixture_train]
+    kept = FIELDS + ("prompt",)  # the official prompt string travels with the record, verbatim
+    assert [{f: r[f] for f in kept} for r in train] == [{f: r[f] for f in kept} for r in fixture_train]
     for n in range(3, 8):
         got, want = lines(out / f"test_{n}ppl.jsonl"), lines(kk / f"kk_test_{n}ppl.jsonl")
-        assert [{f: r[f] for f in FIELDS} for r in got] == [{f: r[f] for f in FIELDS} for r in want]
+        assert [{f: r[f] for f in kept} for r in got] == [{f: r[f] for f in kept} for r in want]
+    # ... so the output serves the official template (configs/data/kk.yaml with data_dir: out).
+    from arlopti.data.kk_datamodule import KKDataModule
+
+    val = KKDataModule(source="official", data_dir=str(out), template="official", val_people=[6],
+                       verify_solutions=False).val_records()["kk_6ppl"]
+    assert [r.text for r in val] == [r["prompt"] for r in lines(kk / "kk_test_6ppl.jsonl")]
 
 
 def test_files_per_n_layout_uses_the_logic_rl_split(tmp_path):

@@ -16,10 +16,28 @@ Sources (``source``):
     ``[100, 100+train_count_per_n)``, validation = the next ``val_count_per_n`` positions
     (defaults 900 / 100 give the Logic-RL logical puzzles; see :mod:`arlopti.tasks.kk.sources`).
 
+Prompt (``template``, see :mod:`arlopti.tasks.kk.prompts`):
+
+``official`` (``configs/data/kk.yaml``, so every ``kk_*`` experiment)
+    Each record's own ``prompt`` field, fed byte for byte as the official runs do: the string
+    already holds the Qwen chat markup and ends in ``<think>``; no chat template is applied and no
+    special token is added (``PromptRecord(text=prompt)``, tokenised with
+    ``add_special_tokens=False``). Every record read must carry it: a record without it raises
+    ``ValueError`` naming ``file:line``, its record index and the fix; the ``generated`` source
+    (no official prompts) is refused at construction.
+``qwen-instruct`` (the constructor default; ``configs/data/kk_generated.yaml``)
+    Our wording of the instructions as chat messages, rendered by the tokenizer's chat template,
+    plus ``<think>``.
+``base``
+    Our wording as one plain completion text ending in ``Assistant: <think>``.
+
+``python -m arlopti.data.preview data=kk ...`` writes exactly the prompts and token ids fed.
+
 Validation sets are named ``kk_{N}ppl`` (``files``: the ``val_files`` keys). Each record has
 ``uid = "kk/<split>/<N>ppl/<index>"``, ``task = "kk"``, ``ground_truth = solution_text_format`` and
 ``meta = {"n_people", "split" ("train"/"test"), "index"}``. Shuffling, sharding, resumption and
-the length filter come from :class:`PromptDataModule`.
+the length filter (``max_prompt_length``; validation: ``val_max_prompt_length`` when set, which
+``fidelity=official`` sets to 1,024) come from :class:`PromptDataModule`.
 """
 
 from __future__ import annotations
@@ -29,7 +47,7 @@ from typing import Mapping, Sequence
 
 from arlopti.data.prompt_datamodule import PromptDataModule, PromptRecord
 from arlopti.tasks.kk.generator import OFFICIAL_SEED, check_num_people
-from arlopti.tasks.kk.prompts import TEMPLATES, build_prompt
+from arlopti.tasks.kk.prompts import OFFICIAL, TEMPLATES, build_prompt
 from arlopti.tasks.kk.puzzle import Puzzle
 from arlopti.tasks.kk.sources import (LOGIC_RL_TEST, LOGIC_RL_TRAIN, OFFICIAL_SKIP, by_num_people,
                                       find_layout, generated_split, read_puzzles, require_file)
@@ -61,10 +79,10 @@ class KKDataModule(PromptDataModule):
                  train_people: Sequence[int] | None = None, train_count_per_n: int | None = None,
                  val_people: Sequence[int] | None = None, val_count_per_n: int | None = None,
                  template: str = "qwen-instruct", generator_seed: int = OFFICIAL_SEED,
-                 verify_solutions: bool = True):
+                 verify_solutions: bool = True, val_max_prompt_length: int | None = None):
         super().__init__(tokenizer=tokenizer, prompts_per_step=prompts_per_step,
                          max_prompt_length=max_prompt_length, seed=seed, shuffle=shuffle,
-                         num_workers=num_workers)
+                         num_workers=num_workers, val_max_prompt_length=val_max_prompt_length)
         if source not in SOURCES:
             raise ValueError(f"data.source={source!r}: known sources are {list(SOURCES)}")
         if template not in TEMPLATES:
@@ -72,6 +90,11 @@ class KKDataModule(PromptDataModule):
         for name, count in (("train_count_per_n", train_count_per_n), ("val_count_per_n", val_count_per_n)):
             if count is not None and count < 0:
                 raise ValueError(f"data.{name}={count}: must be >= 0 or null (all)")
+        if template == OFFICIAL and source == "generated":
+            raise ValueError("data.template=official feeds each record's own official 'prompt' field, and "
+                             "data.source=generated puzzles have none; use data.template=qwen-instruct (as "
+                             "configs/data/kk_generated.yaml does), or data.source=official/files with "
+                             "records that carry the 'prompt' field (the shared fixtures fixtures/kk)")
         if source == "official" and data_dir is None:
             raise ValueError("data.source=official needs data.data_dir (a folder of K&K jsonl files)")
         if source == "files" and train_file is None and not val_files:
@@ -102,7 +125,7 @@ class KKDataModule(PromptDataModule):
             if self.train_file is None:
                 return []
             path = require_file(self.train_file, "train")
-        groups = by_num_people(read_puzzles(path, verify=self.verify_solutions))
+        groups = by_num_people(self._read(path))
         if self.train_people is not None:
             missing = [n for n in self.train_people if n not in groups]
             if missing:
@@ -117,8 +140,8 @@ class KKDataModule(PromptDataModule):
             people = self.val_people if self.val_people is not None else list(DEFAULT_PEOPLE)
             return {f"kk_{n}ppl": self._generated_split(n)[1] for n in people}
         if self.source == "files":
-            return {name: self._cut(read_puzzles(require_file(f, f"validation set {name!r}"),
-                                                 verify=self.verify_solutions), self.val_count_per_n, f)
+            return {name: self._cut(self._read(require_file(f, f"validation set {name!r}")),
+                                    self.val_count_per_n, f)
                     for name, f in self.val_files.items()}
         layout = find_layout(self.data_dir)
         people = self.val_people if self.val_people is not None else sorted(layout.test_files)
@@ -126,12 +149,15 @@ class KKDataModule(PromptDataModule):
         for n in people:
             path = require_file(layout.test_files.get(n, Path(self.data_dir) / f"test_{n}ppl.jsonl"),
                                 f"{n}-people test")
-            puzzles = read_puzzles(path, verify=self.verify_solutions)
+            puzzles = self._read(path)
             wrong = [p.num_people for p in puzzles if p.num_people != n]
             if wrong:
                 raise ValueError(f"{path}: a {n}-people test file holds puzzles with N={sorted(set(wrong))}")
             out[f"kk_{n}ppl"] = self._cut(puzzles, self.val_count_per_n, str(path))
         return out
+
+    def _read(self, path: Path | str) -> list[Puzzle]:
+        return read_puzzles(path, verify=self.verify_solutions, require_prompt=self.template == OFFICIAL)
 
     def _generated_split(self, n: int) -> tuple[list[Puzzle], list[Puzzle]]:
         if self._generated is None:

@@ -98,7 +98,7 @@ def record_to_problem(record: Any, where: str) -> MathProblem:
             raise ValueError(f"{where}: a verl row needs a user message in 'prompt' and "
                              "'reward_model.ground_truth'")
         extra = record.get("extra_info") if isinstance(record.get("extra_info"), dict) else {}
-        return MathProblem(strip_suffix(str(users[-1].get("content", ""))).strip(),
+        return MathProblem(strip_suffix(str(users[-1].get("content", ""))),
                            check_answer(record["reward_model"]["ground_truth"], where),
                            _number_or_none(extra.get("difficulty")), _int_or_none(extra.get("index")))
     if isinstance(record.get("prompt"), (list, tuple)) and "final_answer" in record:  # ORZ eval files
@@ -111,7 +111,8 @@ def record_to_problem(record: Any, where: str) -> MathProblem:
         raise ValueError(f"{where}: expected 'problem' (or 'question') and 'answer' fields, got keys "
                          f"{sorted(record)[:12]}")
     index = next((record[k] for k in ("source_index", "dsr_index", "index", "idx") if k in record), None)
-    return MathProblem(strip_suffix(problem).strip(), check_answer(record["answer"], where),
+    # not stripped: the official prompt is the problem byte for byte + SUFFIX
+    return MathProblem(strip_suffix(problem), check_answer(record["answer"], where),
                        _number_or_none(record.get("difficulty")), _int_or_none(index))
 
 

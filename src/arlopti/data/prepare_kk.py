@@ -7,7 +7,10 @@ Output (``--out DIR``, default ``data/prepared/kk_<source>``, git-ignored):
 * ``manifest.json``: source, arguments and counts.
 
 Records: ``quiz``, ``names``, ``solution``, ``solution_text``, ``solution_text_format``,
-``statements`` (Python-literal string), ``index``, ``n_people``.
+``statements`` (Python-literal string), ``index``, ``n_people``, and ``prompt`` (the official
+prompt string, verbatim) when the source records carry it: ``--source files`` on the shared
+fixtures keeps it, so the output works with ``data.template=official`` (``configs/data/kk.yaml``);
+``generated`` and ``hf`` records have none (use ``data.template=qwen-instruct`` with them).
 
 Sources:
 

@@ -52,3 +52,36 @@ def test_chat_template_needs_a_tokenizer_chat_template(tiny_tokenizer):
     tok.chat_template = None
     with pytest.raises(ValueError, match="chat template"):
         build_prompt(PUZZLE, "qwen-instruct", tokenizer=tok)
+
+
+def official_puzzle():
+    import json
+
+    from conftest import need_fixture
+
+    from arlopti.tasks.kk.puzzle import Puzzle
+
+    record = json.loads(need_fixture("kk/kk_test_3ppl.jsonl").read_text().splitlines()[0])
+    return record, Puzzle.from_record(record)
+
+
+def test_official_template_feeds_the_record_prompt_verbatim(tiny_tokenizer):
+    from arlopti.data.prompt_datamodule import render_prompt
+
+    record, puzzle = official_puzzle()
+    pieces = build_prompt(puzzle, "official")
+    assert pieces.text == record["prompt"] and pieces.messages is None and pieces.assistant_prefix == ""
+    assert build_prompt(puzzle, "official", tokenizer=tiny_tokenizer).rendered == record["prompt"]
+    rec = pieces.to_prompt_record(uid="kk/x", ground_truth=puzzle.solution_text_format)
+    assert render_prompt(rec, tiny_tokenizer) == record["prompt"]  # no chat template applied
+
+
+def test_official_template_without_a_prompt_is_a_clear_error():
+    import dataclasses
+
+    with pytest.raises(ValueError) as err:
+        build_prompt(PUZZLE, "official")  # our generator's puzzles carry no official prompt
+    assert "'prompt'" in str(err.value) and "qwen-instruct" in str(err.value)
+    _, puzzle = official_puzzle()
+    with pytest.raises(ValueError, match="does not end in '<think>'"):
+        build_prompt(dataclasses.replace(puzzle, prompt=puzzle.prompt + "\n"), "official")

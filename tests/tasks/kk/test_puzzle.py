@@ -30,14 +30,16 @@ def test_official_records_round_trip():
             p = Puzzle.from_record(r, verify=True)
             assert p.names == tuple(r["names"]) and p.solution == tuple(r["solution"])
             back = p.to_record()
-            for f in FIELDS:
-                assert back[f] == r[f], f  # statements literal is byte-identical
+            for f in FIELDS + ("prompt",):
+                assert back[f] == r[f], f  # statements literal and the official prompt are byte-identical
+            assert p.prompt == r["prompt"]
             assert Puzzle.from_record(back) == p
 
 
 def test_generated_puzzles_round_trip_through_json():
     for n in (2, 5, 12):
         for p in sample_puzzles(n, 5, seed=1):
+            assert p.prompt is None and "prompt" not in p.to_record()
             assert Puzzle.from_record(json.loads(json.dumps(p.to_record()))) == p
 
 
@@ -82,6 +84,8 @@ def mutate(key, value):
     (mutate("solution_text_format", "nothing here"), "solution_text_format", "no '(k) NAME"),
     (mutate("n_people", 4), "n_people", "3 names"),
     (mutate("index", "7"), "index", "expected an int"),
+    (mutate("prompt", 7), "prompt", "expected str"),
+    (mutate("prompt", "<|im_start|>user\nanother puzzle<|im_end|>\n<think>"), "prompt", "'quiz' verbatim"),
 ])
 def test_bad_records_name_source_and_field(record, field, message):
     with pytest.raises(ValueError) as err:

@@ -208,3 +208,104 @@ def test_matches_reference_rule_on_random_responses():
         assert got == reference_score("<think>" + body, GOLD), body
         totals.add(got)
     assert totals == {3, -0.5, -1, -3}
+
+
+# ---- the official "Assistant:" cut (official_cut=True) -----------------------------------------
+# (name, response, default-mode total, official_cut total)
+ASSISTANT_CASES = [
+    ("no 'Assistant:': both modes agree", ok(RIGHT), 3, 3),
+    ("'Assistant:' after the answer loses the pre-filled <think>", ok(RIGHT) + "\nAssistant: done", 3, -3),
+    ("'Assistant:' inside the thinking", " x Assistant: y </think><answer>" + RIGHT + "</answer>", 3, -3),
+    ("'Assistant:' before </think>, then a fresh <think>: official tail is well formed",
+     " x Assistant: <think> y </think><answer>" + RIGHT + "</answer>", -3, 3),
+    ("only the first 'Assistant:' cuts",
+     " Assistant: <think> y </think> Assistant: <answer>" + RIGHT + "</answer>", -3, 3),
+    ("a wrong answer after the cut", " Assistant: <think> y </think><answer>Zoey is a knave, Oliver is a "
+     "knave, Emma is a knight</answer>", -3, -0.5),
+    ("lower-case 'assistant:' does not cut", " assistant: y </think><answer>" + RIGHT + "</answer>", 3, 3),
+    ("'Assistant' without a colon does not cut", " Assistant y </think><answer>" + RIGHT + "</answer>", 3, 3),
+    ("chat markup in the response does not cut", " y </think><answer>" + RIGHT + "</answer><|im_end|>\n"
+     "<|im_start|>assistant\n", 3, 3),
+    ("'Assistant:' as the whole response", "Assistant:", -3, -3),
+]
+
+
+@pytest.mark.parametrize("name, response, default, official", ASSISTANT_CASES,
+                         ids=[c[0] for c in ASSISTANT_CASES])
+def test_assistant_cut_both_modes(name, response, default, official):
+    assert score_response(response, GOLD) == default
+    assert score_response(response, GOLD, official_cut=False) == default
+    assert score_response(response, GOLD, official_cut=True) == official
+    assert score_response_detailed(response, GOLD, official_cut=True).total == official
+
+
+def test_scored_text():
+    from arlopti.tasks.kk.reward import scored_text
+
+    assert scored_text(" a Assistant: b Assistant: c") == "<think> a Assistant: b Assistant: c"
+    assert scored_text(" a Assistant: b Assistant: c", official_cut=True) == " b Assistant: c"
+    assert scored_text(" a assistant: b", official_cut=True) == "<think> a assistant: b"
+
+
+def official_prompts() -> list[str]:
+    """The ``prompt`` field of all 5,000 official fixture puzzles (500 test + 4,500 train)."""
+    import gzip
+
+    prompts = []
+    for n in (3, 4, 5, 6, 7):
+        for line in need_fixture(f"kk/kk_test_{n}ppl.jsonl").read_text().splitlines():
+            prompts.append(json.loads(line)["prompt"])
+    with gzip.open(need_fixture("kk/kk_train_34567ppl.jsonl.gz"), "rt") as fh:
+        prompts.extend(json.loads(line)["prompt"] for line in fh)
+    return prompts
+
+
+def test_official_prompts_allow_the_response_only_cut():
+    """The premises of the derivation in the reward's docstring, for every official prompt."""
+    prompts = official_prompts()
+    assert len(prompts) == 5000
+    for p in prompts:
+        assert "Assistant:" not in p
+        assert p.count("<|im_start|>assistant") == 1
+        assert p.endswith("<|im_start|>assistant\n<think>")
+
+
+def official_compute_score(decoded: str, gold_text: str) -> float:
+    """The official rule on decoded prompt+response, restated from AR-Lopti
+    ``verl/utils/reward_score/kk.py`` (``extract_solution`` then ``compute_score``): isolate the
+    response at the first "Assistant:", else the first "<|im_start|>assistant", else keep all;
+    then the rule of :func:`reference_score`."""
+    for marker in ("Assistant:", "<|im_start|>assistant"):
+        if marker in decoded:
+            decoded = decoded.split(marker, 1)[1]
+            break
+    return reference_score(decoded, gold_text)
+
+
+def test_official_cut_matches_the_official_rule_on_prompt_plus_response():
+    """20,000 random responses after real official prompts: scoring the response alone with
+    ``official_cut=True`` equals the official rule on the decoded prompt+response."""
+    prompts = official_prompts()
+    rng = random.Random(2)
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", " ", "\n", "Zoey", "Oliver", "Emma", " is a ",
+              "knight", "knave", "knights", ",", "x", "Assistant:", "Assistant", "assistant:", "Assistant: ",
+              "<|im_start|>assistant\n", "<|im_end|>", "User:", ">", ":"]
+    totals = {False: set(), True: set()}
+    for _ in range(20_000):
+        body = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 20)))
+        if rng.random() < 0.6:
+            names = ["Zoey", "Oliver", "Emma"]
+            rng.shuffle(names)
+            answer = ", ".join(f"{n} is a {rng.choice(['knight', 'knave'])}" for n in names)
+            head = rng.choice(["", " t ", " Assistant: ", " Assistant: <think> ", "<|im_start|>assistant"])
+            body = head + body + " </think><answer> " + answer + " </answer>" + rng.choice(
+                ["", "<|im_end|>", " Assistant: bye", "Assistant:<think>"])
+        prompt = rng.choice(prompts)
+        official = official_compute_score(prompt + body, GOLD)
+        assert score_response(body, GOLD, official_cut=True) == official, body
+        totals[True].add(official)
+        # the default mode is the official rule whenever the response has no "Assistant:"
+        if "Assistant:" not in body:
+            assert score_response(body, GOLD) == official, body
+        totals[False].add(score_response(body, GOLD))
+    assert totals[True] == totals[False] == {3, -0.5, -1, -3}

@@ -1,4 +1,6 @@
-"""The math reward: equivalence table, benchmark golds, false positives, adversarial inputs.
+"""The math-verify grader (``grader="math_verify"``): equivalence table, benchmark golds, false
+positives, adversarial inputs. The official grader (the default) is tested in
+``test_official_grader.py``.
 
 The adversarial tests assert ``elapsed < timeout + 1`` for every input: that is the grader's
 no-hang contract (a correctness bound), not a performance measurement.
@@ -53,7 +55,7 @@ def _our_children(pids) -> list:
 
 @pytest.fixture(scope="module")
 def grader():
-    g = MathGrader(num_workers=2, timeout_s=TIMEOUT)
+    g = MathGrader(num_workers=2, timeout_s=TIMEOUT, grader="math_verify")
     yield g
     pool = g.pool
     g.close()
@@ -144,10 +146,10 @@ def test_detail_fields(grader):
 
 
 def test_think_mode_official():
-    g = MathGrader(timeout_s=TIMEOUT, think_mode="official")
+    g = MathGrader(timeout_s=TIMEOUT, think_mode="official", grader="math_verify")
     text = "a</think> first \\boxed{1} </think> second \\boxed{2}"
     assert g.grade(text, "1").reward == 1.0
-    assert MathGrader(timeout_s=TIMEOUT).grade(text, "2").reward == 1.0
+    assert MathGrader(timeout_s=TIMEOUT, grader="math_verify").grade(text, "2").reward == 1.0
     assert g.pool is None  # string matches never start workers
 
 
@@ -166,13 +168,14 @@ def test_bad_gold_type_is_a_clear_error(grader):
 
 
 def test_score_response_module_grader():
-    assert score_response("The answer is \\boxed{142}.", 142.0) == 1.0
-    assert score_response("The answer is \\boxed{141}.", 142.0) == 0.0
-    assert score_response_detailed("\\boxed{x}", "y").how == "mismatch"
+    assert score_response("The answer is \\boxed{142}.", 142.0, grader="math_verify") == 1.0
+    assert score_response("The answer is \\boxed{141}.", 142.0, grader="math_verify") == 0.0
+    d = score_response_detailed("\\boxed{x}", "y", grader="math_verify")
+    assert (d.how, d.grader) == ("mismatch", "math_verify")
 
 
 def test_math_task_registered_and_scores():
-    task = get_task("math", timeout_s=TIMEOUT)
+    task = get_task("math", timeout_s=TIMEOUT, grader="math_verify")
     assert isinstance(task, MathTask) and task.name == "math"
     try:
         out = task.score(["\\boxed{2\\sqrt{2}}", "none", "\\boxed{(2^{99999})^{99999}}"],
@@ -182,12 +185,15 @@ def test_math_task_registered_and_scores():
     assert [r.reward for r in out] == [1.0, 0.0, 0.0]
     assert [r.correct for r in out] == [True, False, False]
     assert [r.components for r in out] == [
-        {"boxed": 1.0, "timeout": 0.0}, {"boxed": 0.0, "timeout": 0.0}, {"boxed": 1.0, "timeout": 1.0}]
+        {"boxed": 1.0, "timeout": 0.0, "grader_official": 0.0},
+        {"boxed": 0.0, "timeout": 0.0, "grader_official": 0.0},
+        {"boxed": 1.0, "timeout": 1.0, "grader_official": 0.0}]
 
 
 def test_no_sympy_in_the_calling_process():
     code = ("import sys; from arlopti.tasks.math import score_response, close_default_grader;"
-            "r = score_response('\\\\boxed{\\\\frac{\\\\sqrt{8}}{2}}', '\\\\sqrt2'); close_default_grader();"
+            "r = score_response('\\\\boxed{\\\\frac{\\\\sqrt{8}}{2}}', '\\\\sqrt2', grader='math_verify');"
+            "close_default_grader();"
             "print(r, 'sympy' in sys.modules, 'math_verify' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["1.0", "False", "False"], out.stderr[-2000:]
@@ -279,7 +285,7 @@ def test_adversarial_input_returns_in_time(grader, name, response, gold):
 
 
 def test_adversarial_batch_then_no_children_left():
-    g = MathGrader(num_workers=2, timeout_s=TIMEOUT)
+    g = MathGrader(num_workers=2, timeout_s=TIMEOUT, grader="math_verify")
     start = time.monotonic()
     rewards = g.grade_batch([r for _, r, _ in ADVERSARIAL], [gold for _, _, gold in ADVERSARIAL])
     elapsed = time.monotonic() - start
@@ -294,7 +300,7 @@ def test_adversarial_batch_then_no_children_left():
 
 
 def test_batch_budget_caps_a_whole_batch():
-    g = MathGrader(num_workers=2, timeout_s=30, batch_budget_s=1.0)
+    g = MathGrader(num_workers=2, timeout_s=30, batch_budget_s=1.0, grader="math_verify")
     bombs = [f"\\boxed{{(x+1)^{{{90000 + i}}}-(x-1)^{{{90000 + i}}}}}" for i in range(4)]
     try:
         g.grade("\\boxed{\\sqrt8}", "2\\sqrt2")  # workers up

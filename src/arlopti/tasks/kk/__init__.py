@@ -6,11 +6,11 @@ Public API::
     solve, count_solutions                    # brute force over 2^N assignments
     sample_puzzles, sample_logical_puzzles    # the original sampling distribution
     cot_trace, sft_response, cot_steps        # backtracking trace for SFT
-    build_prompt, PromptPieces, TEMPLATES     # "qwen-instruct" and "base" prompts
+    build_prompt, PromptPieces, TEMPLATES     # "official" (the record's own prompt), "qwen-instruct", "base"
     score_response, score_response_detailed, KKScore   # the Logic-RL reward
-    KKTask                                    # registered as task "kk"
+    KKTask                                    # registered as task "kk"; KKTask(official_cut=...)
 
-Metrics live in :mod:`arlopti.tasks.kk.metrics` (imports torchmetrics).
+Evaluation metrics (accuracy, format rate, per set and mode) are computed by :mod:`arlopti.eval.runner`.
 """
 
 from __future__ import annotations
@@ -22,18 +22,30 @@ from arlopti.tasks.kk.cot import CotStep, cot_steps, cot_trace, sft_response
 from arlopti.tasks.kk.generator import (MAX_PEOPLE, MIN_PEOPLE, OFFICIAL_SEED, sample_logical_puzzles,
                                         sample_puzzles)
 from arlopti.tasks.kk.logic import evaluate, format_statements, parse_statements, validate_statements
-from arlopti.tasks.kk.prompts import SYSTEM_PROMPT, TEMPLATES, PromptPieces, build_prompt
+from arlopti.tasks.kk.prompts import (OFFICIAL, SYSTEM_PROMPT, TEMPLATES, PromptPieces, build_prompt,
+                                      official_prompt)
 from arlopti.tasks.kk.puzzle import Puzzle, build_puzzle
 from arlopti.tasks.kk.reward import (CORRECT_TOTAL, KKScore, extract_last_answer, format_ok, parse_answer,
-                                     parse_gold, score_response, score_response_detailed)
+                                     parse_gold, score_response, score_response_detailed, scored_text)
 from arlopti.tasks.kk.solver import count_solutions, solve
 
 
 @register_task("kk")
 class KKTask(Task):
-    """Scores responses with the Logic-RL rule; the ground truth is ``solution_text_format``."""
+    """Scores responses with the Logic-RL rule; the ground truth is ``solution_text_format``.
+
+    ``official_cut`` (config ``tasks.kk.official_cut``; ``fidelity=official`` sets it): score a
+    response that contains "Assistant:" on what follows its first "Assistant:", as the official
+    ``compute_score`` does; exact for the ``official`` and ``qwen-instruct`` prompts (see
+    :mod:`arlopti.tasks.kk.reward`). Default False: score ``"<think>" + response`` as is.
+    """
 
     name = "kk"
+
+    def __init__(self, official_cut: bool = False):
+        if not isinstance(official_cut, bool):
+            raise ValueError(f"official_cut must be true or false, got {official_cut!r}")
+        self.official_cut = official_cut
 
     def score(self, responses: list[str], ground_truths: list[Any], metas: list[dict]) -> list[RewardResult]:
         """One :class:`RewardResult` per response: ``reward`` in {3, -0.5, -1, -3}, ``correct`` =
@@ -49,7 +61,7 @@ class KKTask(Task):
         for response, gold in zip(responses, ground_truths):
             if isinstance(gold, dict):
                 gold = gold.get("solution_text_format", "")
-            s = score_response_detailed(response, gold)
+            s = score_response_detailed(response, gold, self.official_cut)
             out.append(RewardResult(
                 reward=s.total, correct=s.correct,
                 components={"format_ok": float(s.format_ok), "parsed": float(s.parsed is not None),
@@ -59,10 +71,11 @@ class KKTask(Task):
 
 
 __all__ = [
-    "CORRECT_TOTAL", "CotStep", "KKScore", "KKTask", "MAX_PEOPLE", "MIN_PEOPLE", "OFFICIAL_SEED",
+    "CORRECT_TOTAL", "CotStep", "KKScore", "KKTask", "MAX_PEOPLE", "MIN_PEOPLE", "OFFICIAL", "OFFICIAL_SEED",
     "PromptPieces", "Puzzle", "SYSTEM_PROMPT", "TEMPLATES", "build_prompt", "build_puzzle",
     "cot_steps", "cot_trace", "count_solutions", "evaluate", "extract_last_answer", "format_ok",
-    "format_statements", "parse_answer", "parse_gold", "parse_statements", "sample_logical_puzzles",
-    "sample_puzzles", "score_response", "score_response_detailed", "sft_response", "solve",
+    "format_statements", "official_prompt", "parse_answer", "parse_gold", "parse_statements",
+    "sample_logical_puzzles", "sample_puzzles", "score_response", "score_response_detailed", "scored_text",
+    "sft_response", "solve",
     "validate_statements",
 ]

@@ -3,6 +3,9 @@
 Official JSONL records carry ``quiz``, ``names``, ``solution`` (list of bools, True = knight),
 ``solution_text``, ``solution_text_format``, ``statements`` (the Python literal of the nested
 tuples, as a string), ``cot_*`` fields, and in the Logic-RL files ``index`` and ``n_people``.
+The AR-Lopti files (the shared fixtures) also carry ``prompt``: the exact string the official
+runs feed the model (Qwen chat markup included, ending in ``<think>``), kept verbatim as
+:attr:`Puzzle.prompt` and fed by the ``official`` prompt template (:mod:`arlopti.tasks.kk.prompts`).
 :meth:`Puzzle.from_record` reads the fields a puzzle needs and ignores the others (``cot_*``);
 :meth:`Puzzle.to_record` writes them back in the same form.
 """
@@ -26,7 +29,8 @@ class Puzzle:
     """One K&K puzzle. ``solution[i]`` is True when ``names[i]`` is a knight.
 
     ``index`` is the puzzle's position in its generator stream (the official ``index`` field), or
-    None when unknown.
+    None when unknown. ``prompt`` is the record's own official prompt string (the AR-Lopti
+    ``prompt`` field), verbatim, or None when the record has none (our generator, mem-kk-logic).
     """
 
     names: tuple[str, ...]
@@ -36,6 +40,7 @@ class Puzzle:
     solution_text_format: str
     solution_text: str = ""
     index: int | None = None
+    prompt: str | None = None
 
     @property
     def num_people(self) -> int:
@@ -113,9 +118,16 @@ class Puzzle:
         index = record.get("index")
         if index is not None and (isinstance(index, bool) or not isinstance(index, int)):
             raise ValueError(f"{where}field 'index': expected an int, got {index!r}")
+        prompt = record.get("prompt")
+        if prompt is not None:
+            if not isinstance(prompt, str):
+                raise ValueError(f"{where}field 'prompt': expected str, got {type(prompt).__name__}")
+            if quiz not in prompt:  # the prompt of another puzzle (a bad merge) would train on wrong golds
+                raise ValueError(f"{where}field 'prompt' does not contain the record's 'quiz' verbatim; "
+                                 "it must be this puzzle's own prompt")
 
         puzzle = cls(names=names, statements=statements, solution=solution, quiz=quiz,
-                     solution_text_format=stf, solution_text=sol_text, index=index)
+                     solution_text_format=stf, solution_text=sol_text, index=index, prompt=prompt)
         if verify:
             found = solve(statements, n)
             if found != [solution]:
@@ -125,8 +137,9 @@ class Puzzle:
 
     def to_record(self) -> dict[str, Any]:
         """The official schema (``statements`` as the Python-literal string), plus ``n_people``
-        and ``index``. JSON-serialisable; ``from_record(p.to_record()) == p``."""
-        return {
+        and ``index``, and ``prompt`` when the puzzle has one. JSON-serialisable;
+        ``from_record(p.to_record()) == p``."""
+        record = {
             "quiz": self.quiz,
             "names": list(self.names),
             "solution": list(self.solution),
@@ -136,6 +149,9 @@ class Puzzle:
             "index": self.index,
             "n_people": self.num_people,
         }
+        if self.prompt is not None:
+            record["prompt"] = self.prompt
+        return record
 
 
 def _kind_name(kind) -> str:

@@ -1,7 +1,8 @@
 """The K&K reward: the Logic-RL / AR-Lopti rule (``verl/utils/reward_score/kk.py``), re-implemented.
 
 ``response`` is the text generated after a prompt that ends in ``<think>``; the rule is applied to
-``"<think>" + response``, so that pre-filled tag counts as the one allowed ``<think>``.
+``"<think>" + response``, so that pre-filled tag counts as the one allowed ``<think>`` (with
+``official_cut=True``, to the official tail, see below).
 
 Format (+1 / -1)
     The text must contain exactly one each of ``<think>``, ``</think>``, ``<answer>``, ``</answer>``,
@@ -19,11 +20,36 @@ Totals
 Gold: each non-empty line of ``solution_text_format`` gives a name (the first ``[A-Za-z]+`` word,
 i.e. the word after "(k)") and a role (the first whole word "knight"/"knave" after it).
 
+The official cut (``official_cut=True``; ``fidelity=official`` sets ``tasks.kk.official_cut``)
+    The original (AR-Lopti ``verl/utils/reward_score/kk.py``: ``compute_score`` calls
+    ``extract_solution``) scores the decoded prompt+response (``RewardManager`` in
+    ``verl/trainer/main_ppo.py`` decodes the two together, special tokens kept), and first
+    isolates the response: it keeps what follows the first "Assistant:" if the text has one, else
+    what follows the first "<|im_start|>assistant", else the whole text. By default we score
+    ``"<think>" + response`` whatever the response holds. With ``official_cut=True`` a response
+    that contains "Assistant:" is scored on what follows its first "Assistant:" instead (so the
+    pre-filled ``<think>`` is lost, and the format check fails unless that tail brings exactly one
+    ``<think>`` of its own); a response without it is scored as by default.
+
+    Why that is the official tail, computed from the response alone: the official prompt (the
+    ``official`` template) and the ``qwen-instruct`` prompt under a ChatML chat template contain no
+    "Assistant:", hold "<|im_start|>assistant" exactly once, and end in
+    "<|im_start|>assistant\\n<think>" (tested for all 5,000 official fixture prompts). An
+    "Assistant:" cannot straddle the prompt/response boundary, since the prompt ends in ">", which
+    "Assistant:" does not contain. So the first "Assistant:" of prompt+response, if any, lies in
+    the response, and the official tail is the response after it; otherwise the official tail is
+    "\\n<think>" + response (after the prompt's one "<|im_start|>assistant"), which scores exactly
+    as "<think>" + response: a leading newline changes no tag count, tag order or answer span.
+    (The decoded prompt is the prompt string: the byte-level BPE round trip is exact, and the
+    prompt ends on a whole token.) With the ``base`` template the prompt itself ends in
+    "Assistant: <think>", so the official cut falls inside the prompt and the official tail is
+    " <think>" + response whatever the response holds: there the default (``official_cut=False``)
+    is the exact official rule.
+
 Differences from the original, on purpose:
 
-* the original isolates the response by splitting the decoded prompt+response at the first
-  "Assistant:" (else "<|im_start|>assistant"); we score the response directly, so a response that
-  itself contains "Assistant:" is not cut there;
+* by default (``official_cut=False``) a response that itself contains "Assistant:" is not cut
+  there (see above);
 * the last-answer extraction uses ``str.find`` instead of a lazy DOTALL regex. Both give the same
   span, but the regex is quadratic on text with many unclosed ``<answer>`` tags, and this is
   linear. The name patterns are anchored on a literal name, so they stay linear. There is no length
@@ -133,16 +159,30 @@ def parse_answer(answer: str, names: list[str] | tuple[str, ...]) -> dict[str, s
     return out
 
 
-def score_response_detailed(response: str, solution_text_format: str) -> KKScore:
+OFFICIAL_CUT = "Assistant:"
+
+
+def scored_text(response: str, official_cut: bool = False) -> str:
+    """The text the rule is applied to: ``"<think>" + response``, or with ``official_cut`` and a
+    response containing "Assistant:", what follows its first "Assistant:" (module docstring)."""
+    if official_cut:
+        _, cut, tail = response.partition(OFFICIAL_CUT)
+        if cut:
+            return tail
+    return THINK_OPEN + response
+
+
+def score_response_detailed(response: str, solution_text_format: str, official_cut: bool = False) -> KKScore:
     """Score ``response`` (text after a prompt ending in ``<think>``) against the gold text.
 
-    Never raises for any ``response`` string; raises ``ValueError`` for a gold text with no
-    parsable line (see :func:`parse_gold`).
+    ``official_cut``: cut the response after its first "Assistant:" as the official reward does
+    (see the module docstring); default False. Never raises for any ``response`` string; raises
+    ``ValueError`` for a gold text with no parsable line (see :func:`parse_gold`).
     """
     gold = parse_gold(solution_text_format)
     if not isinstance(response, str):
         response = "" if response is None else str(response)
-    text = THINK_OPEN + response
+    text = scored_text(response, official_cut)
     if not format_ok(text):
         return KKScore(total=-FORMAT_REWARD + ANSWER_UNPARSEABLE, format_ok=False, parsed=None,
                        correct=False, answer_score=ANSWER_UNPARSEABLE)
@@ -160,6 +200,6 @@ def score_response_detailed(response: str, solution_text_format: str) -> KKScore
                    answer_score=answer_score)
 
 
-def score_response(response: str, solution_text_format: str) -> float:
+def score_response(response: str, solution_text_format: str, official_cut: bool = False) -> float:
     """The total reward, one of 3, -0.5, -1, -3 (see :func:`score_response_detailed`)."""
-    return score_response_detailed(response, solution_text_format).total
+    return score_response_detailed(response, solution_text_format, official_cut).total

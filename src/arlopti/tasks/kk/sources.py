@@ -37,12 +37,28 @@ _TEST_NAME = re.compile(r"^(?:kk_)?test_(\d+)ppl\.jsonl(?:\.gz)?$")
 _PER_N_NAME = re.compile(r"^people(\d+)_num(\d+)\.jsonl(?:\.gz)?$")
 
 
-def read_puzzles(path: str | Path, verify: bool = True) -> list[Puzzle]:
+MISSING_PROMPT_FIX = ("use data.template=qwen-instruct (our wording through the tokenizer's chat template), "
+                      "or a source whose records carry the official 'prompt' field (the shared fixtures "
+                      "fixtures/kk/kk_*.jsonl[.gz], or a `python -m arlopti.data.prepare kk --source files "
+                      "--input-dir <those fixtures>` output)")
+
+
+def read_puzzles(path: str | Path, verify: bool = True, require_prompt: bool = False) -> list[Puzzle]:
     """Every record of ``path`` as a :class:`Puzzle`; errors name ``path:line`` and the field.
 
-    With ``verify`` the stored solution must be the unique consistent assignment.
+    With ``verify`` the stored solution must be the unique consistent assignment. With
+    ``require_prompt`` (prompt template ``official``) every record must carry the official
+    ``prompt`` field; the ``ValueError`` names ``path:line``, the record index and the fix.
     """
-    return [Puzzle.from_record(rec, source=where, verify=verify) for where, rec in iter_records(path)]
+    out = []
+    for i, (where, rec) in enumerate(iter_records(path)):
+        puzzle = Puzzle.from_record(rec, source=where, verify=verify)
+        if require_prompt and puzzle.prompt is None:
+            raise ValueError(
+                f"{where} (record {i}): field 'prompt' is missing, but the K&K prompt template 'official' "
+                f"feeds each record's own official prompt; {MISSING_PROMPT_FIX}")
+        out.append(puzzle)
+    return out
 
 
 def by_num_people(puzzles: list[Puzzle]) -> dict[int, list[Puzzle]]:

@@ -2,14 +2,16 @@
 
 Public API:
 
-* :func:`score_response` / :func:`score_response_detailed` - the official reward of one
-  response (module-level grader, closed atexit);
+* :func:`score_response` / :func:`score_response_detailed` - the reward of one response
+  (``grader="official"``, the DeepScaleR / AR-Lopti rules, by default; or ``"math_verify"``;
+  module-level graders, closed atexit);
 * :class:`MathGrader` - batch grading through a worker pool with hard timeouts;
+* :data:`GRADERS`, :func:`check_grader` - the grader names (config key ``tasks.math.grader``);
 * :class:`MathTask` - the :class:`~arlopti.tasks.base.Task` registered as ``"math"``;
 * :func:`build_prompt`, :data:`SUFFIX`, :data:`TEMPLATES` - the prompt.
 
-Importing this package does not import sympy or math-verify: those load only in the
-grader's worker processes.
+Importing this package does not import sympy, pylatexenc or math-verify: those load only in
+the grader's worker processes.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from typing import Any
 
 from arlopti.tasks.base import RewardResult, Task, register_task
 from arlopti.tasks.math.grader import (
+    DEFAULT_GRADER,
+    GRADERS,
     HOW_VALUES,
     GradeDetail,
     MathGrader,
+    check_grader,
     close_default_grader,
     default_grader,
     score_response,
@@ -29,8 +34,9 @@ from arlopti.tasks.math.grader import (
 from arlopti.tasks.math.prompts import SUFFIX, TEMPLATES, build_prompt, prompt_text, strip_suffix
 
 __all__ = [
-    "HOW_VALUES", "GradeDetail", "MathGrader", "MathTask", "SUFFIX", "TEMPLATES", "build_prompt",
-    "close_default_grader", "default_grader", "prompt_text", "score_response",
+    "DEFAULT_GRADER", "GRADERS", "HOW_VALUES", "GradeDetail", "MathGrader", "MathTask", "SUFFIX",
+    "TEMPLATES", "build_prompt", "check_grader", "close_default_grader", "default_grader",
+    "prompt_text", "score_response",
     "score_response_detailed", "strip_suffix",
 ]
 
@@ -39,15 +45,18 @@ __all__ = [
 class MathTask(Task):
     """Scores math responses: reward 1 for a matching final boxed answer, else 0.
 
-    Keyword arguments go to :class:`MathGrader` (``num_workers``, ``timeout_s``, ``think_mode``,
-    ...). Components per response: ``boxed`` (1 if a boxed answer was found) and ``timeout``
-    (1 if the symbolic check was killed at its timeout).
+    ``grader`` is ``"official"`` (DeepScaleR / AR-Lopti rules, the default) or
+    ``"math_verify"``; an unknown name raises ValueError naming ``tasks.math.grader``. Other
+    keyword arguments go to :class:`MathGrader` (``num_workers``, ``timeout_s``,
+    ``think_mode``, ...). Components per response: ``boxed`` (1 if a boxed answer was found),
+    ``timeout`` (1 if the symbolic check was killed at its timeout) and ``grader_official``
+    (1 if the official grader produced the verdict, 0 for math-verify).
     """
 
     name = "math"
 
-    def __init__(self, **grader_kwargs: Any):
-        self.grader = MathGrader(**grader_kwargs)
+    def __init__(self, grader: str = DEFAULT_GRADER, **grader_kwargs: Any):
+        self.grader = MathGrader(grader=grader, **grader_kwargs)
 
     def score(self, responses: list[str], ground_truths: list[Any], metas: list[dict]) -> list[RewardResult]:
         details = self.grader.grade_detailed(responses, ground_truths)
@@ -55,7 +64,8 @@ class MathTask(Task):
             RewardResult(
                 reward=d.reward,
                 correct=d.reward == 1.0,
-                components={"boxed": float(d.how != "no_box"), "timeout": float(d.how == "timeout")},
+                components={"boxed": float(d.how != "no_box"), "timeout": float(d.how == "timeout"),
+                            "grader_official": float(d.grader == "official")},
             )
             for d in details
         ]

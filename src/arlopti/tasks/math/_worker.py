@@ -1,9 +1,13 @@
 """Entry point of one grader worker process. Run by path, never imported by the trainer.
 
-``python _worker.py READ_FD WRITE_FD MEMORY_LIMIT_MB PRELOAD`` - started by
+``python _worker.py READ_FD WRITE_FD MEMORY_LIMIT_MB MODULES`` - started by
 :class:`arlopti.tasks.math.pool.WorkerPool` in a fresh interpreter. Being run by file path
 (not ``-m``) keeps the worker free of the parent's ``__main__`` module and of the ``arlopti``
-package imports: it loads only ``symbolic.py`` (math-verify, sympy) next to this file.
+package imports: it loads only the grader modules named in ``MODULES`` from this folder,
+before it reports ready: ``symbolic`` (``symbolic.py``: math-verify, sympy; function
+``symbolic_match``) and/or ``official`` (``official_sympy.py``: sympy, pylatexenc; function
+``official_sympy_match``), comma-separated; ``0`` loads none (only the ``test.*`` hooks) and
+``1`` means ``symbolic`` (the old boolean form).
 
 Protocol over two pipes (``multiprocessing.connection`` framing, pickled tuples): the worker
 sends ``("ready", pid)`` once its imports are done, then answers each
@@ -42,11 +46,27 @@ def _test_echo(value):
     return value
 
 
-def _load_symbolic():
-    spec = importlib.util.spec_from_file_location("arlopti_math_symbolic_worker", _HERE / "symbolic.py")
+# module key -> (file next to this one, function name exported to the pool)
+_MODULES = {
+    "symbolic": ("symbolic.py", "symbolic_match"),
+    "official": ("official_sympy.py", "official_sympy_match"),
+}
+
+
+def _load(key: str):
+    filename, function = _MODULES[key]
+    spec = importlib.util.spec_from_file_location(f"arlopti_math_{key}_worker", _HERE / filename)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    return function, getattr(module, function)
+
+
+def _module_keys(arg: str | None) -> list[str]:
+    if arg is None or arg == "1":
+        return ["symbolic"]
+    if arg in ("0", ""):
+        return []
+    return [k for k in arg.split(",") if k]
 
 
 def _set_parent_death_signal() -> None:
@@ -61,7 +81,7 @@ def _set_parent_death_signal() -> None:
 
 def main(argv: list[str]) -> int:
     read_fd, write_fd, memory_limit_mb = int(argv[0]), int(argv[1]), int(argv[2])
-    preload = len(argv) < 4 or argv[3] == "1"
+    modules = _module_keys(argv[3] if len(argv) >= 4 else None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
     _set_parent_death_signal()
     if memory_limit_mb > 0:
@@ -80,8 +100,10 @@ def main(argv: list[str]) -> int:
         "test.exit": _test_exit,
         "test.echo": _test_echo,
     }
-    if preload:  # without it (pool tests only) "symbolic_match" is unknown -> KeyError reply
-        functions["symbolic_match"] = _load_symbolic().symbolic_match
+    # A function whose module is not loaded (pool tests load none) is unknown -> KeyError reply.
+    for key in modules:
+        name, function = _load(key)
+        functions[name] = function
     outbox.send(("ready", os.getpid()))
     while True:
         try:

@@ -14,8 +14,9 @@ Start-up costs one interpreter plus the math-verify/sympy import (about 0.5 s of
 once per worker and again only when a worker is killed, crashes or is retired after
 ``max_tasks_per_worker`` tasks.
 
-Worker functions are named (see ``_worker.py``): ``symbolic_match`` and the ``test.*`` hooks
-that let tests force sleeps, C-level hangs and crashes.
+Worker functions are named (see ``_worker.py``): ``symbolic_match`` (math-verify, module
+``"symbolic"``), ``official_sympy_match`` (the official DeepScaleR sympy grader, module
+``"official"``) and the ``test.*`` hooks that let tests force sleeps, C-level hangs and crashes.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ from typing import Any, Sequence
 log = logging.getLogger(__name__)
 
 WORKER_SCRIPT = Path(__file__).resolve().parent / "_worker.py"
-WORKER_FUNCTIONS = ("symbolic_match", "test.sleep", "test.bigint", "test.exit", "test.echo")
+WORKER_FUNCTIONS = ("symbolic_match", "official_sympy_match", "test.sleep", "test.bigint", "test.exit",
+                    "test.echo")
+# Grader modules a worker can preload (see _worker.py) and what each needs installed.
+WORKER_MODULES = {"symbolic": "math-verify", "official": "sympy and pylatexenc"}
 _MAX_BOOT_FAILURES = 3
 
 
@@ -65,19 +69,25 @@ class WorkerPool:
     Not thread-safe: callers serialise access (``MathGrader`` holds a lock).
     ``memory_limit_mb`` caps each worker's address space (RLIMIT_AS; 0/None = no cap), so a
     runaway big-number computation fails with MemoryError instead of eating the machine.
+    ``modules`` names the grader modules each worker imports before it reports ready (keys of
+    :data:`WORKER_MODULES`); ``preload_symbolic=False`` loads none of them.
     """
 
     def __init__(self, num_workers: int = 2, *, memory_limit_mb: int | None = 4096,
                  max_tasks_per_worker: int = 1000, boot_timeout_s: float = 60.0,
-                 preload_symbolic: bool = True):
+                 preload_symbolic: bool = True, modules: Sequence[str] = ("symbolic",)):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        unknown = [m for m in modules if m not in WORKER_MODULES]
+        if unknown:
+            raise ValueError(f"unknown worker modules {unknown}; known: {list(WORKER_MODULES)}")
         self.num_workers = num_workers
         self.memory_limit_mb = int(memory_limit_mb or 0)
         self.max_tasks_per_worker = max_tasks_per_worker
         self.boot_timeout_s = boot_timeout_s
         # False: workers skip the math-verify import (fast start; only the test.* hooks work).
         self.preload_symbolic = preload_symbolic
+        self.modules = tuple(modules) if preload_symbolic else ()
         self._workers: list[_Worker] = []
         self._boot_failures = 0
         self._retried: set[int] = set()  # tasks of the current run already retried once
@@ -93,7 +103,7 @@ class WorkerPool:
         try:
             proc = subprocess.Popen(
                 [sys.executable, str(WORKER_SCRIPT), str(to_child_r), str(from_child_w),
-                 str(self.memory_limit_mb), "1" if self.preload_symbolic else "0"],
+                 str(self.memory_limit_mb), ",".join(self.modules) or "0"],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, close_fds=True,
             )
@@ -239,10 +249,11 @@ class WorkerPool:
     def _boot_failed(self, why: str) -> None:
         self._boot_failures += 1
         if self._boot_failures >= _MAX_BOOT_FAILURES:
+            needs = "; ".join(f"{m}: {WORKER_MODULES[m]}" for m in self.modules) or "nothing"
             raise RuntimeError(
                 f"math grader workers failed to start {self._boot_failures} times in a row ({why}); "
-                f"check that `{sys.executable} {WORKER_SCRIPT}` can import math_verify "
-                "(pip install 'math-verify[antlr4_9_3]')"
+                f"check that `{sys.executable} {WORKER_SCRIPT}` can import what its modules need "
+                f"({needs}; e.g. pip install 'math-verify[antlr4_9_3]' pylatexenc)"
             )
 
     def run(self, calls: Sequence[tuple[str, tuple]], timeout_s: float,

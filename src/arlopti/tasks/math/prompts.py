@@ -30,7 +30,13 @@ def build_prompt(problem: str, template: str = "raw") -> dict:
 
 
 def strip_suffix(text: str) -> str:
-    """``text`` without a trailing :data:`SUFFIX` (and surrounding whitespace); else unchanged."""
+    """``text`` without a trailing :data:`SUFFIX`; else unchanged.
+
+    The exact suffix is removed exactly (the official prompt is problem + SUFFIX, so what is left is
+    the problem byte for byte, whitespace included); a suffix with other surrounding whitespace is
+    removed with that whitespace."""
+    if text.endswith(SUFFIX):
+        return text[: -len(SUFFIX)]
     stripped = text.rstrip()
     core = SUFFIX.strip()
     if stripped.endswith(core):
