@@ -8,6 +8,8 @@ os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+import arlopti  # noqa: E402,F401  (registers the config schemas and resolvers before Hydra composes)
+
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="eval.yaml")
 def main(cfg: DictConfig) -> None:

@@ -13,6 +13,11 @@ Measurement conventions used by every benchmark that imports this module:
 A child process started by :func:`run_isolated` runs ``python benchmarks/_common.py --call
 FILE:FUNC --kwargs JSON``: it imports ``FILE``, calls ``FUNC(**kwargs)`` and prints the returned
 JSON-serialisable dict on one line prefixed by :data:`RESULT_MARK`.
+
+The scripts run as ``python benchmarks/<script>.py`` with the project's environment
+(``make install``: ``arlopti`` is installed); each imports this module as ``_common``, from its
+own folder, which Python puts first on ``sys.path`` when it runs a script. The GPU checks run
+on a bare checkout through ``benchmarks/gpu_check.sh``, which sets ``PYTHONPATH=src``.
 """
 
 from __future__ import annotations
@@ -242,7 +247,7 @@ def fit_steps(module, datamodule, group_size: int, precision: str = "32-true") -
     update, measured by a callback that runs before the rollout callback)."""
     import lightning.pytorch as L
 
-    from arlopti.rollout.callback import RolloutCallback
+    from arlopti.callbacks.rollout import RolloutCallback
 
     out: list[dict[str, float]] = []
 
@@ -271,7 +276,6 @@ def _child_main(argv: list[str]) -> None:
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up here
-    sys.path.insert(0, str(Path(file).parent))
     spec.loader.exec_module(module)
     result = getattr(module, func)(**json.loads(args.kwargs))
     print(RESULT_MARK + json.dumps(result), flush=True)

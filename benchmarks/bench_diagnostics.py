@@ -29,19 +29,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import lightning.pytorch as L  # noqa: E402
-import torch  # noqa: E402
+import lightning.pytorch as L
+import torch
 
-from _common import format_table, interleaved_order, summarise, write_json  # noqa: E402
+from _common import format_table, interleaved_order, summarise, write_json
 
 MODES = ("off", "stats", "stats+dir")
 
@@ -85,7 +80,7 @@ class _Timer(L.Callback):
 
 
 def build(args):
-    from arlopti.analysis.diagnostics import TokenDiagnosticsCallback
+    from arlopti.callbacks.diagnostics import TokenDiagnosticsCallback
     from arlopti.analysis.inputs import load_policy, sample_kk_batch
     from arlopti.config import AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
     from arlopti.learner.module import GRPOModule

@@ -31,10 +31,9 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
-from arlopti.tasks.math import MathGrader  # noqa: E402
-from arlopti.tasks.math.extract import last_boxed  # noqa: E402
+from arlopti.tasks.math import MathGrader
+from arlopti.tasks.math.extract import last_boxed
 
 
 def mixed_batch(n: int) -> tuple[list[str], list, list[bool]]:

@@ -26,11 +26,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
-from arlopti.tasks.kk import sample_logical_puzzles, sample_puzzles, solve  # noqa: E402
-from arlopti.tasks.kk.generator import StatementSampler  # noqa: E402
-from arlopti.tasks.kk.solver import count_solutions  # noqa: E402
+from arlopti.tasks.kk import sample_logical_puzzles, sample_puzzles, solve
+from arlopti.tasks.kk.generator import StatementSampler
+from arlopti.tasks.kk.solver import count_solutions
 
 PEOPLE = (3, 5, 8)
 

@@ -10,7 +10,7 @@ every implementation has to produce). Samples of the implementations are interle
 
 Implementations:
   ``naive``  ``token_logprobs(impl="naive")``: full fp32 ``[N, V]`` logits, autograd backward.
-  ``fused``  ``token_logprobs(impl="fused")``: :class:`arlopti.algorithms.logprobs.FusedTokenLogprobs`.
+  ``fused``  ``token_logprobs(impl="fused")``: :class:`arlopti.ops.logprobs.FusedTokenLogprobs`.
   ``trl``    ``trl.kernels.chunked_logprob.ChunkedLogProbFunction`` from TRL 1.16, called as TRL's
              ``add_fused_lm_head`` calls it: ``(hidden, weight, bias, targets, temperature,
              chunk_size=32768, final_logit_softcapping=None, logit_scale=1.0,
@@ -36,10 +36,8 @@ import argparse
 import gc
 import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (alternating_timings, available_memory_bytes, format_table,  # noqa: E402
+from _common import (alternating_timings, available_memory_bytes, format_table,
                      interleaved_order, max_rss_bytes, run_isolated, summarise, timed, wait_for_memory,
                      write_json)
 
@@ -92,7 +90,7 @@ def _make_inputs(n: int, h: int, v: int, seed: int):
 
 def _logprob_fn(impl: str, temperature: float, token_chunk: int | None, vocab_chunk: int | None):
     """``f(hidden, weight, targets) → (logp, entropy)`` for one implementation."""
-    from arlopti.algorithms import logprobs as lp
+    from arlopti.ops import logprobs as lp
 
     if impl in ("naive", "fused"):
         chunks = {"token_chunk": token_chunk or lp.DEFAULT_TOKEN_CHUNK,
@@ -141,7 +139,7 @@ def naive_logits_bytes(n: int, v: int) -> int:
 
 def rough_peak_bytes(impl: str, case: Case) -> float:
     """Generous a-priori peak (bytes) used only to wait for free memory before a sample."""
-    from arlopti.algorithms.logprobs import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK
+    from arlopti.ops.logprobs import DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK
 
     grads = 2 * 4 * (case.v * case.h + case.n * case.h)  # fp32 grads (+ a transient copy)
     if impl == "naive":

@@ -32,10 +32,8 @@ import statistics
 import sys
 import tempfile
 import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_datamodule, fit_steps, format_table, interleaved_order, write_json  # noqa: E402
+from _common import bench_datamodule, fit_steps, format_table, interleaved_order, write_json
 
 PROMPTS, GROUP, MAX_NEW = 4, 4, 96
 ETA = 0.002

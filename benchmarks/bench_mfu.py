@@ -35,10 +35,8 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bench_datamodule, fit_steps, fixed_length_engine, format_table, write_json  # noqa: E402
+from _common import bench_datamodule, fit_steps, fixed_length_engine, format_table, write_json
 
 GROUP = 4
 MODEL = "smollm2-135m-instruct"

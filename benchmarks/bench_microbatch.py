@@ -29,10 +29,8 @@ import random
 import statistics
 import sys
 import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (bench_datamodule, fit_steps, fixed_length_engine, format_table,  # noqa: E402
+from _common import (bench_datamodule, fit_steps, fixed_length_engine, format_table,
                      interleaved_order, write_json)
 
 MIN_LEN, MAX_LEN = 50, 1000

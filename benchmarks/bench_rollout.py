@@ -26,17 +26,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
-import torch  # noqa: E402
+import torch
 
-sys.path.insert(0, str(REPO / "benchmarks"))
-from _common import format_table, interleaved_order, machine_info, write_json  # noqa: E402
+from _common import format_table, interleaved_order, machine_info, write_json
 
 PROMPTS = [
     "What is 17 * 23? Think step by step.",

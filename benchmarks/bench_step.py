@@ -43,8 +43,7 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import format_table, max_rss_bytes, run_isolated, write_json  # noqa: E402
+from _common import format_table, max_rss_bytes, run_isolated, write_json
 
 COMPLETION_LEN = 64
 PROMPTS, GENERATIONS = 2, 4
@@ -120,7 +119,7 @@ def run_ours(model_dir: str, lopti: bool, steps: int) -> dict:
 
     from arlopti.learner.module import GRPOModule
     from arlopti.models import load_tokenizer
-    from arlopti.rollout.callback import RolloutCallback
+    from arlopti.callbacks.rollout import RolloutCallback
 
     base = max_rss_bytes()
     tok = load_tokenizer(model_dir)
@@ -225,7 +224,7 @@ def check_loss(model_dir: str) -> dict:
 
     from arlopti.learner.module import GRPOModule
     from arlopti.models import load_tokenizer
-    from arlopti.rollout.callback import RolloutCallback
+    from arlopti.callbacks.rollout import RolloutCallback
     from arlopti.rollout.engine import Completion, RolloutEngine
 
     tok = load_tokenizer(model_dir)

@@ -1,9 +1,10 @@
 """GPU check of FSDP2 (``trainer=fsdp``) on one CUDA device over NCCL; ``--dry-run``: CPU and gloo.
 
-    python benchmarks/gpu_check_fsdp.py [--dry-run] [--out DIR] [--steps 3]
+    PYTHONPATH=src python benchmarks/gpu_check_fsdp.py [--dry-run] [--out DIR] [--steps 3]
 
-Runs from a bare checkout with the machine's own python (PYTHONPATH=src is set by the script;
-no Hydra needed: the run config is built in Python). It uses a tiny random Qwen2 (4 layers,
+Runs from a bare checkout with the machine's own python (``benchmarks/gpu_check.sh`` sets
+PYTHONPATH=src; where ``arlopti`` is installed it is not needed; no Hydra needed: the run config
+is built in Python). It uses a tiny random Qwen2 (4 layers,
 hidden 256) on K&K puzzles from the offline generator, Lopti, HF-engine rollouts, and
 ``FSDP2Strategy(mixed_precision="bf16", activation_checkpointing=True)``, the GPU settings
 that the CPU tests do not exercise. Checks, each printed as PASS / FAIL with numbers:
@@ -33,8 +34,6 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -68,7 +67,7 @@ def fit(cfg, tok, steps: int, accelerator: str, ckpt_dir: Path, ckpt_path: str |
     from arlopti.data.kk_datamodule import KKDataModule
     from arlopti.learner.module import GRPOModule
     from arlopti.learner.sharding import FSDP2Strategy
-    from arlopti.rollout.callback import RolloutCallback
+    from arlopti.callbacks.rollout import RolloutCallback
 
     L.seed_everything(0, verbose=False)
     module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)
@@ -142,11 +141,9 @@ def main() -> int:
         losses = [v for k, v in m.items() if k.endswith("/loss")]
         norms = [v for k, v in m.items() if k.endswith("/grad_norm")]
         full = full_state_dict(module.policy)
-        from arlopti.models import build_tiny_model, TinySpec
+        from arlopti.models import build_tiny_model
 
-        t = cfg.model.tiny
-        init = build_tiny_model(tok, TinySpec(hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
-                                              num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size))
+        init = build_tiny_model(tok, cfg.model.tiny)
         moved = max(float((full[f"hf.{k}"].float() - v.float()).abs().max()) for k, v in init.state_dict().items())
         tokens = m.get("rollout/tokens", 0.0)
         ok &= check("train", all(isinstance(p, DTensor) for p in params)

@@ -39,10 +39,8 @@ import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
 
-import torch  # noqa: E402
+import torch
 
 TEXTS = ["Zoey said that", "Knights always tell the truth, and", "The answer is \\boxed{",
          "A very special island is inhabited", "So who is a knight", "Let's think step by step",

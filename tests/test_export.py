@@ -13,11 +13,12 @@ import json
 import pytest
 import torch
 
-from arlopti.callbacks.checkpointing import CheckpointError, RolloutCheckpoint
+from arlopti.callbacks.checkpointing import RolloutCheckpoint
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.export import export_checkpoint, load_policy_from_checkpoint, main
 from arlopti.learner.module import GRPOModule
 from arlopti.learner.policy import PolicyLM
+from arlopti.resume import CheckpointError
 from helpers.toy import ToyDataModule, toy_trainer
 
 

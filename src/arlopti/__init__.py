@@ -1,3 +1,8 @@
 """arlopti: GRPO + Advantage Reweighting + Low-Probability Token Isolation (arXiv 2505.12929)."""
 
 __version__ = "0.1.0"
+
+# Importing the package makes its configs composable: the ${run_label:...} resolver and the group
+# schemas (algorithm/schema, ...) in Hydra's ConfigStore are registered on import.
+from arlopti import config as _config  # noqa: E402,F401
+from arlopti import run_name as _run_name  # noqa: E402,F401

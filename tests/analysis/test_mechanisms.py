@@ -85,7 +85,7 @@ def test_parameter_gradient_norm_is_larger_for_low_probability_tokens(token_reco
 
 
 def test_live_diagnostics_on_smollm2_match_a_direct_computation(smol):
-    from arlopti.analysis.diagnostics import TokenDiagnosticsCallback
+    from arlopti.callbacks.diagnostics import TokenDiagnosticsCallback
     from arlopti.config import AlgorithmConfig, RunConfig, SizesConfig
     from arlopti.learner.module import StepContext
 

@@ -8,7 +8,8 @@ In-process (tiny model, toy task, the real HF engine):
 * the final save (when ``rollout_steps`` stops a run mid-epoch) lets a resume finish the epoch;
 * a SIGTERM during a step: the step finishes, ``last.ckpt`` is written, training stops;
 * top-k by a monitored metric keeps the k best files;
-* truncated files and shards, a config mismatch and ``ckpt_path=last`` resolution.
+* a config mismatch, and weights of another model (truncated files and shards and the
+  ``ckpt_path`` resolution are in tests/test_resume.py).
 
 Through ``python train.py`` subprocesses (``slow``): SIGTERM exits with status 0 after saving,
 ``kill -9`` during a step loses only the steps since the last checkpoint, and the resumed runs
@@ -32,8 +33,7 @@ import numpy as np
 import pytest
 import torch
 
-from arlopti.callbacks.checkpointing import (CheckpointError, RolloutCheckpoint, config_mismatches,
-                                             find_last_checkpoint, load_checkpoint_metadata, validate_checkpoint)
+from arlopti.callbacks.checkpointing import RolloutCheckpoint, config_mismatches, load_checkpoint_metadata
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.module import GRPOModule
 from helpers.toy import ToyDataModule, toy_trainer
@@ -154,7 +154,7 @@ def test_bad_arguments_name_the_key():
 
 
 # ---------------------------------------------------------------------------------------------
-# bad checkpoints
+# checkpoints of another config
 # ---------------------------------------------------------------------------------------------
 
 
@@ -163,39 +163,6 @@ def saved_ckpt(tiny_tokenizer, tmp_path_factory):
     d = tmp_path_factory.mktemp("saved")
     run(tiny_tokenizer, 1, d)
     return d / "last.ckpt"
-
-
-def test_truncated_checkpoint_file_is_named(saved_ckpt, tmp_path):
-    bad = tmp_path / "cut.ckpt"
-    data = saved_ckpt.read_bytes()
-    bad.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=re.escape(str(bad)) + ".*truncated or corrupt"):
-        validate_checkpoint(bad)
-    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
-    with pytest.raises(CheckpointError, match="junk.ckpt is truncated or corrupt"):
-        validate_checkpoint(tmp_path / "junk.ckpt")
-    from arlopti.train import resolve_ckpt_path
-
-    with pytest.raises(CheckpointError, match="cut.ckpt"):
-        resolve_ckpt_path(str(bad), None)
-
-
-def test_truncated_distributed_shard_is_named(saved_ckpt, tmp_path):
-    import torch.distributed.checkpoint as dcp
-
-    folder = tmp_path / "last.ckpt"
-    ckpt = torch.load(saved_ckpt, weights_only=False)
-    with pytest.warns(UserWarning):  # no process group: DCP says it saves in one process
-        dcp.save({"state_dict": ckpt.pop("state_dict")}, checkpoint_id=str(folder))
-    torch.save({k: v for k, v in ckpt.items() if k != "optimizer_states"}, folder / "meta.pt")
-    assert validate_checkpoint(folder) == folder
-    shard = next(folder.glob("*.distcp"))
-    shard.write_bytes(shard.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match=re.escape(str(shard)) + " is truncated"):
-        validate_checkpoint(folder)
-    (folder / "meta.pt").unlink()
-    with pytest.raises(CheckpointError, match="has no meta.pt"):
-        validate_checkpoint(folder)
 
 
 def test_config_mismatch_lists_keys_and_the_override(saved_ckpt):
@@ -226,44 +193,6 @@ def test_loading_weights_of_another_model_is_refused(saved_ckpt, tiny_tokenizer)
         module.on_load_checkpoint(torch.load(saved_ckpt, weights_only=False))
 
 
-def test_find_last_checkpoint_prefers_this_run_then_the_newest(tmp_path):
-    from omegaconf import OmegaConf
-
-    runs = tmp_path / "logs" / "t" / "runs"
-    for i, name in enumerate(["2026-01-01_00-00-00", "2026-01-02_00-00-00"]):
-        (runs / name / "checkpoints").mkdir(parents=True)
-        f = runs / name / "checkpoints" / "last.ckpt"
-        f.write_bytes(b"x")
-        os.utime(f, (1000 + i, 1000 + i))
-    own = tmp_path / "own"
-    (own / "checkpoints").mkdir(parents=True)
-    cfg = OmegaConf.create({"task_name": "t", "paths": {"log_dir": str(tmp_path / "logs"), "output_dir": str(own)}})
-    assert find_last_checkpoint(cfg) == runs / "2026-01-02_00-00-00" / "checkpoints" / "last.ckpt"
-    (own / "checkpoints" / "last.ckpt.old").write_bytes(b"x")  # a save interrupted mid-rename
-    assert find_last_checkpoint(cfg) == own / "checkpoints" / "last.ckpt.old"
-    (own / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    assert find_last_checkpoint(cfg) == own / "checkpoints" / "last.ckpt"
-    empty = OmegaConf.create({"task_name": "none", "paths": {"log_dir": str(tmp_path), "output_dir": str(tmp_path)}})
-    assert find_last_checkpoint(empty) is None
-
-
-def test_ckpt_path_auto_and_last(saved_ckpt, tmp_path):
-    from omegaconf import OmegaConf
-
-    from arlopti.train import resolve_ckpt_path
-
-    run_dir = tmp_path / "logs" / "t" / "runs" / "fixed"
-    cfg = OmegaConf.create({"task_name": "t", "paths": {"log_dir": str(tmp_path / "logs"), "output_dir": str(run_dir)}})
-    assert resolve_ckpt_path("auto", cfg) is None  # nothing here yet: a fresh start
-    with pytest.raises(FileNotFoundError, match="ckpt_path=last: no last.ckpt under"):
-        resolve_ckpt_path("last", cfg)
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "checkpoints" / "last.ckpt").write_bytes(saved_ckpt.read_bytes())
-    want = str(run_dir / "checkpoints" / "last.ckpt")
-    assert resolve_ckpt_path("auto", cfg) == resolve_ckpt_path("last", cfg) == want
-    assert resolve_ckpt_path(str(run_dir), cfg) == want  # a run directory
-
-
 # ---------------------------------------------------------------------------------------------
 # real processes: SIGTERM and kill -9
 # ---------------------------------------------------------------------------------------------
@@ -274,7 +203,7 @@ def start_train(tmp_path: Path, run: str, *overrides: str) -> subprocess.Popen:
     cmd = [sys.executable, "train.py", "debug=smoke", "data=kk_generated", "data.train_count_per_n=8",
            "data.val_count_per_n=1", "rollout_steps=6", "~callbacks.benchmark_eval", "~callbacks.rich_progress_bar",
            "logger=none", "callbacks.model_checkpoint.every_n_steps=1", f"paths.log_dir={tmp_path}/logs",
-           f"hydra.run.dir={tmp_path}/logs/smoke/runs/{run}", *overrides]
+           f"hydra.run.dir={tmp_path}/logs/train/s42_smoke/{run}", *overrides]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -306,7 +235,7 @@ def test_sigterm_exits_cleanly_and_kill_9_loses_only_uncheckpointed_steps(tmp_pa
     out = proc.communicate(timeout=240)[0]
     assert proc.returncode == 0, out[-3000:]
     assert "preemption signal" in out
-    last1 = tmp_path / "logs/smoke/runs/run1/checkpoints" / "last.ckpt"
+    last1 = tmp_path / "logs/train/s42_smoke/run1/checkpoints" / "last.ckpt"
     s1 = ckpt_step(last1)
     assert 1 <= s1 < 6
     assert json.loads((last1.parent / "PREEMPTED").read_text())["rollout_step"] == s1
@@ -319,7 +248,7 @@ def test_sigterm_exits_cleanly_and_kill_9_loses_only_uncheckpointed_steps(tmp_pa
     assert logged == s1 + 1
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    last2 = tmp_path / "logs/smoke/runs/run2/checkpoints" / "last.ckpt"
+    last2 = tmp_path / "logs/train/s42_smoke/run2/checkpoints" / "last.ckpt"
     s2 = ckpt_step(last2) if last2.exists() else ckpt_step(last2.with_name("last.ckpt.old"))
     assert s2 in (logged, logged + 1), "the newest complete checkpoint is the last one saved before the kill"
 
@@ -332,4 +261,4 @@ def test_sigterm_exits_cleanly_and_kill_9_loses_only_uncheckpointed_steps(tmp_pa
     assert saved == list(range(s2 + 1, 7)), f"lost or repeated steps: resumed at {s2}, saved {saved}"
     print(f"SIGTERM: exit 0 with last.ckpt at step {s1}; kill -9 after the step-{logged} save: newest complete "
           f"checkpoint step {s2}; the resumed run saved steps {saved}")
-    assert ckpt_step(tmp_path / "logs/smoke/runs/run3/checkpoints" / "last.ckpt") == 6
+    assert ckpt_step(tmp_path / "logs/train/s42_smoke/run3/checkpoints" / "last.ckpt") == 6

@@ -104,7 +104,7 @@ def test_fsdp2_two_ranks_with_one_vllm_engine_per_rank(tmp_path):
     if available_gib() < 5:  # two engines x (1 GiB KV cache + the model + vLLM itself), two trainers
         pytest.skip(f"only {available_gib():.1f} GiB of memory available; two vLLM-CPU engines need ~5 GiB")
     run = tmp_path / "vllm"
-    # rollout=vllm gives the tiny model head_dim 32 (vLLM-CPU's smallest) by itself
+    # debug=smoke uses model=tiny_vllm: head_dim 32, vLLM-CPU's smallest
     out = train(run, "trainer=fsdp", "rollout=vllm", "logger=none", "~callbacks.benchmark_eval")
     assert summary(run)["rollout_steps"] == 2
     for log in ("train.log", "train_ddp_process_1.log"):

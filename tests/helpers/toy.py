@@ -38,7 +38,7 @@ class ToyDataModule(PromptDataModule):
 
 
 def toy_trainer(callbacks=(), **kw) -> L.Trainer:
-    from arlopti.rollout.callback import RolloutCallback
+    from arlopti.callbacks.rollout import RolloutCallback
 
     args = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                 limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,

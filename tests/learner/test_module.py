@@ -68,13 +68,13 @@ def test_lopti_takes_twice_the_optimizer_steps_of_grpo(tiny_tokenizer):
 
 def test_step_order_batch_vs_minibatch_granularity(tiny_tokenizer, monkeypatch):
     order = []
-    original = GRPOModule._optimizer_step
+    original = GRPOModule._update
 
-    def spy(self, exp, rows, phase, *a, **k):
-        order.append((phase.name, rows[0]))
-        return original(self, exp, rows, phase, *a, **k)
+    def spy(self, exp, phase, rows, *a, **k):
+        order.append((phase, rows[0]))
+        return original(self, exp, phase, rows, *a, **k)
 
-    monkeypatch.setattr(GRPOModule, "_optimizer_step", spy)
+    monkeypatch.setattr(GRPOModule, "_update", spy)
     fit(make_cfg(ALGOS["lopti"]), tiny_tokenizer)
     assert order == [("low", 0), ("low", 4), ("high", 0), ("high", 4)]
     order.clear()

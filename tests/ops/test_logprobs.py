@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from arlopti.algorithms.logprobs import (DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK, FusedTokenLogprobs,
-                                         fused_token_logprobs, logprobs_from_logits, token_logprobs)
+from arlopti.ops.logprobs import (DEFAULT_TOKEN_CHUNK, DEFAULT_VOCAB_CHUNK, FusedTokenLogprobs, fused_token_logprobs,
+                                  logprobs_from_logits, token_logprobs)
 
 FP32 = {"rtol": 1e-5, "atol_frac": 1e-5}
 BF16 = {"rtol": 2e-2, "atol_frac": 2e-2}

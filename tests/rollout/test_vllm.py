@@ -374,7 +374,7 @@ def _run_train(tmp_path, overrides):
     synced = [int(v) for v in re.findall(r"vLLM weights synced to version (\d+)", log)]
     assert any(0 < v <= version for v in synced), f"no sync of an updated policy into vLLM: {synced}"
     trained = {k[len("policy.hf."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.hf.")}
-    init = build_tiny_model(build_tiny_tokenizer(), SPEC).state_dict()  # rollout=vllm gives the tiny head_dim 32
+    init = build_tiny_model(build_tiny_tokenizer(), SPEC).state_dict()  # debug=smoke uses model=tiny_vllm: head_dim 32
     assert set(init) <= set(trained), sorted(set(init) - set(trained))[:5]
     assert all(torch.isfinite(v).all() for v in trained.values())
     # moved by the gradient, not only by weight decay: decoupled decay moves p by at most

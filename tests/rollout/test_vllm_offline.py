@@ -109,7 +109,7 @@ def test_bad_settings_are_refused(tok):
 def test_missing_vllm_says_how_to_install(monkeypatch, tok):
     from arlopti.learner.policy import PolicyLM
     from arlopti.models import TinySpec, build_tiny_model
-    from arlopti.rollout.callback import build_engine
+    from arlopti.callbacks.rollout import build_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     module = SimpleNamespace(policy=PolicyLM(build_tiny_model(tok, TinySpec(num_heads=2, num_kv_heads=1))),
@@ -118,3 +118,32 @@ def test_missing_vllm_says_how_to_install(monkeypatch, tok):
     with pytest.raises(ImportError, match=r'rollout.backend=vllm needs vLLM.*pip install -e "\.\[cpu\]".*'
                                           r'"\.\[gpu\]".*make install'):
         build_engine(RolloutConfig(backend="vllm"), module)
+
+
+def test_vllm_settings_are_checked_without_vllm():
+    from arlopti.rollout.vllm import check_vllm_config
+
+    check_vllm_config(RolloutConfig(backend="vllm"))
+    for bad, msg in (({"sleep_level": 3}, "rollout.sleep_level=3"),
+                     ({"sync_bucket_mb": -1}, "rollout.sync_bucket_mb=-1"),
+                     ({"gpu_memory_utilization": 1.5}, r"rollout.gpu_memory_utilization=1.5 must lie in \(0, 1\]")):
+        with pytest.raises(ValueError, match=msg):
+            check_vllm_config(RolloutConfig(backend="vllm", **bad))
+
+
+def test_engine_args_follow_the_config_and_what_this_vllm_accepts():
+    from arlopti.rollout.vllm import engine_args
+
+    cfg = RolloutConfig(backend="vllm", seed=3, gpu_memory_utilization=0.5)
+    everything = {"logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level", "distributed_executor_backend"}
+    kw = engine_args("/m", torch.bfloat16, 128, cfg, sleep_mode=True, quiet=True, placement={}, accepted=everything)
+    assert kw == dict(model="/m", tokenizer="/m", dtype="bfloat16", seed=3, gpu_memory_utilization=0.5,
+                      enforce_eager=True, max_model_len=128, enable_sleep_mode=True, logprobs_mode="processed_logprobs",
+                      use_tqdm_on_load=False, disable_log_stats=True, log_level="ERROR")
+    loud = engine_args("/m", torch.float32, 128, cfg, sleep_mode=False, quiet=False, placement={}, accepted=set())
+    assert not {"logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level"} & set(loud)  # an older vLLM
+    spread = {"distributed_executor_backend": "external_launcher"}
+    kw = engine_args("/m", torch.float32, 128, cfg, sleep_mode=False, quiet=True, placement=spread, accepted=everything)
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    with pytest.raises(RuntimeError, match="no distributed_executor_backend"):
+        engine_args("/m", torch.float32, 128, cfg, sleep_mode=False, quiet=True, placement=spread, accepted=set())

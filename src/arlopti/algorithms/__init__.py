@@ -9,7 +9,6 @@ from arlopti.algorithms.advantages import (broadcast_to_tokens, grpo_advantages,
 from arlopti.algorithms.aggregation import aggregate, normaliser
 from arlopti.algorithms.isolation import Phase, lopti_masks, phase_plan
 from arlopti.algorithms.kl import kl_penalty
-from arlopti.algorithms.logprobs import logprobs_from_logits, token_logprobs
 from arlopti.algorithms.objective import LossConfig, grpo_objective
 from arlopti.algorithms.policy_loss import per_token_policy_loss, policy_loss
 from arlopti.algorithms.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS
@@ -18,7 +17,6 @@ from arlopti.algorithms.reweighting import advantage_reweight, ar_weights
 __all__ = [
     "ADVANTAGE_ESTIMATORS", "KL_ESTIMATORS", "LOSS_AGGREGATIONS", "LossConfig", "Phase",
     "advantage_reweight", "aggregate", "ar_weights", "broadcast_to_tokens", "grpo_advantages",
-    "grpo_objective", "kl_penalty", "logprobs_from_logits", "lopti_masks", "normaliser",
-    "per_token_policy_loss", "phase_plan", "policy_loss", "rloo_advantages", "token_logprobs",
-    "zero_std_group_fraction",
+    "grpo_objective", "kl_penalty", "lopti_masks", "normaliser", "per_token_policy_loss", "phase_plan",
+    "policy_loss", "rloo_advantages", "zero_std_group_fraction",
 ]

@@ -12,6 +12,16 @@
 
 ``scale`` and ``horizon`` are forwarded to :func:`~arlopti.algorithms.aggregation.aggregate`
 (the learner passes the mini-batch-wide, all-rank count there).
+
+``cfg`` is any object with the fields of :class:`LossConfig`: the learner passes its
+``AlgorithmConfig`` itself (nothing is copied field by field); tests and analysis build a
+``LossConfig``.
+
+Metrics (all over the phase's tokens, so that phases and micro-batches combine by a
+token-weighted mean, ``tokens`` being the weight): the policy-loss metrics of
+:func:`~arlopti.algorithms.policy_loss.policy_loss`, and ``pg_loss``, ``kl``, ``entropy`` and
+``loss`` as per-token means (``loss = pg_loss + β·kl − c_H·entropy``), whatever ``loss_agg``
+normalises the back-propagated value by.
 """
 
 from __future__ import annotations
@@ -30,7 +40,7 @@ class LossConfig:
     clip_low: float = 0.2
     clip_high: float = 0.24
     dual_clip: float | None = 10.0
-    agg: str = "token-mean"
+    loss_agg: str = "token-mean"
     kl_coef: float = 0.001
     kl_estimator: str = "low_var_kl"
     entropy_coef: float = 0.0
@@ -47,18 +57,25 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     denom_mask = response_mask.to(log_probs.dtype) if normalize == "all" else phase_mask
     adv = advantages * phase_mask
     loss, metrics = policy_loss(log_probs, old_log_probs, adv, denom_mask, cfg.clip_low, cfg.clip_high,
-                                cfg.dual_clip, cfg.agg, scale=scale, horizon=horizon, metrics_mask=phase_mask)
-    metrics["pg_loss"] = float(loss.detach())
+                                cfg.dual_clip, cfg.loss_agg, scale=scale, horizon=horizon, metrics_mask=phase_mask,
+                                with_token_loss=True)
+    per_token = metrics["pg_loss"]
     if cfg.kl_coef > 0:
         if ref_log_probs is None:
             raise ValueError("algorithm.kl_coef > 0 needs reference log-probs")
         kl_tok = kl_penalty(log_probs, ref_log_probs, cfg.kl_estimator) * phase_mask
-        kl = aggregate(kl_tok, denom_mask, cfg.agg, scale=scale, horizon=horizon)
-        loss = loss + cfg.kl_coef * kl
-        metrics["kl"] = float(kl.detach())
+        loss = loss + cfg.kl_coef * aggregate(kl_tok, denom_mask, cfg.loss_agg, scale=scale, horizon=horizon)
+        metrics["kl"] = _token_mean(kl_tok, phase_mask)
+        per_token += cfg.kl_coef * metrics["kl"]
     if entropy is not None:
-        ent = aggregate(entropy * phase_mask, denom_mask, cfg.agg, scale=scale, horizon=horizon)
-        metrics["entropy"] = float(ent.detach())
+        metrics["entropy"] = _token_mean(entropy * phase_mask, phase_mask)
         if cfg.entropy_coef:
-            loss = loss - cfg.entropy_coef * ent
+            loss = loss - cfg.entropy_coef * aggregate(entropy * phase_mask, denom_mask, cfg.loss_agg, scale=scale,
+                                                       horizon=horizon)
+            per_token -= cfg.entropy_coef * metrics["entropy"]
+    metrics["loss"] = per_token
     return loss, metrics
+
+
+def _token_mean(values: Tensor, mask: Tensor) -> float:
+    return float((values.detach() * mask).sum() / mask.sum().clamp(min=1))

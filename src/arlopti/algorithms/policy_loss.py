@@ -53,14 +53,15 @@ def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: 
 def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
                 clip_low: float = 0.2, clip_high: float = 0.24, dual_clip: float | None = 10.0,
                 agg: str = "token-mean", scale: float | None = None, horizon: int | None = None,
-                metrics_mask: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+                metrics_mask: Tensor | None = None, with_token_loss: bool = False) -> tuple[Tensor, dict[str, float]]:
     """Aggregated PPO-clip loss (module docstring) and its metrics.
 
     ``metrics_mask`` (default: ``response_mask``) selects the tokens the metrics describe,
     e.g. one Lopti phase's tokens while the loss is still normalised by all tokens.
     Metrics: ``clip_frac_low``, ``clip_frac_high``, ``clip_frac_dual`` (fractions of those tokens
     where each clip is active), ``approx_kl`` (mean of logπ_old − logπ, the k1 estimate of
-    KL(π_old‖π_θ)), ``ratio_mean``, ``ratio_max``, ``ratio_min``.
+    KL(π_old‖π_θ)), ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``tokens`` (how many tokens they
+    describe); with ``with_token_loss`` also ``pg_loss``, the mean per-token loss over those tokens.
     """
     loss_tok, ind = per_token_policy_loss(log_probs, old_log_probs, advantages, clip_low, clip_high, dual_clip)
     loss = aggregate(loss_tok, response_mask, agg, scale=scale, horizon=horizon)
@@ -78,4 +79,6 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, re
             "ratio_min": float(ratio[mm].min()) if mm.any() else 1.0,
             "tokens": float(mm.sum()),
         }
+        if with_token_loss:
+            metrics["pg_loss"] = float((loss_tok * mm).sum() / n)
     return loss, metrics

@@ -1,55 +1,29 @@
-"""``TokenDiagnosticsCallback``: cheap per-step token-probability diagnostics for TensorBoard.
+"""Per-step token-probability statistics of the update batch: the sums behind the ``diag/*`` tags.
 
-Read from ``pl_module.last_step_context`` in ``on_train_batch_end`` (the step's update is done).
-With ``p = exp(old_log_probs)`` (rollout-time, at the rollout temperature) and the buckets of
-:mod:`arlopti.analysis.buckets`, every ``every_n_steps`` rollout steps it logs
+Pure tensor functions (no Lightning); :class:`arlopti.callbacks.diagnostics.TokenDiagnosticsCallback`
+decides when to compute them, adds them over ranks and logs them (its module docstring lists the
+tags). With ``p = exp(old_log_probs)`` and the buckets of :mod:`arlopti.analysis.buckets`:
 
-* ``diag/bucket_frac/<b>``: fraction of the valid response tokens in bucket b (sums to 1);
-* ``diag/grad_mass_share/<b>``: bucket b's share of Σ_t |A_t|·(1 − p_t) with the advantages the
-  update used (after AR): the logit-gradient mass, since ‖∂log p/∂z‖ ∈ [(1 − p), √2 (1 − p)];
-  with AR on, also ``diag/grad_mass_share_raw/<b>`` (the same with the advantages before AR);
-* ``diag/ar_weight/<b>``: mean AR weight α·p + 1 − α of bucket b (only when ``ar_alpha`` > 0);
-* ``diag/lopti_tokens/<phase>`` and ``diag/lopti_grad_mass_share/<phase>``: under Lopti, each
-  phase's token count (``low``: p_old < η) and its share of the gradient mass;
-* ``diag/token_prob_hist``: a TensorBoard histogram of p over the valid tokens, in
-  ``hist_bins`` equal bins of [0, 1] (fixed bins, so ranks add their counts; the learner's own
-  ``rollout/token_prob_hist`` covers rank 0's tokens only). Loggers without ``add_histogram_raw``
-  (anything but TensorBoard) get the scalars only;
-* ``timing/diagnostics_s``: the wall time this callback took at this step.
-
-Every ``update_direction_every_n_steps`` rollout steps it also measures the paper's Fig. 3 on the
-update batch: one extra no-grad forward of the whole batch with the **post-update** weights, at the
-rollout temperature, in chunks of ``sizes.logprob_micro_batch_size`` under the trainer's precision
-context, compared with ``old_log_probs``. (Lopti's phase-2 forward cannot be reused: it runs at the
-weights *between* the two phases, not after the update.) The learner computes ``old_log_probs``
-in its own chunking, and those of the first mini-batch from its training forward, so with
-unchanged weights the two agree to float rounding only: a token whose log-prob moved by less than
-that (a saturated token, 1 − p ≈ 0) can count either way.
-
-* ``diag/update_dir_pos/<b>``: among tokens with A > 0 (before AR), the fraction whose log-prob rose;
-* ``diag/update_dir_neg/<b>``: among tokens with A < 0, the fraction whose log-prob fell.
-
-A bucket without such tokens is not logged at that step (no NaN in TensorBoard).
-
-Distributed: every rank computes its own sums (the extra forward is a collective under FSDP2, so
-every rank must run it), the sums are added over ranks, and global rank 0 logs; the fractions are
-therefore over the global batch.
+* :func:`step_sums`: the cheap per-bucket sums of one step (token counts, gradient mass
+  Σ_t |A_t|·(1 − p_t) with the advantages after and before AR, AR weights, Lopti phase mass, the
+  probability histogram), as a :class:`DiagnosticSums` whose fields are all sums, so ranks
+  combine by adding (:meth:`DiagnosticSums.flat` packs them for one all-reduce);
+* :func:`metrics_from_sums`: the logged fractions from (all-reduced) sums, empty buckets left out;
+* :func:`prob_histogram` / :func:`prob_range`: the histogram sums of p and this rank's (min, max);
+* :func:`post_update_log_probs`: the extra no-grad forward with the post-update weights that the
+  update-direction fractions (the paper's Fig. 3) compare with ``old_log_probs``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
 from dataclasses import dataclass, field
 
-import lightning.pytorch as L
 import torch
 from torch import Tensor
 
 from arlopti.algorithms import ar_weights
-from arlopti.analysis.buckets import (BUCKET_NAMES, bucket_counts, bucket_sums, grad_mass, prob_bin_counts,
-                                      update_direction_counts)
+from arlopti.analysis.buckets import BUCKET_NAMES, bucket_counts, bucket_sums, grad_mass, prob_bin_counts
 
 HIST_BINS = 20
 
@@ -59,7 +33,7 @@ def prob_histogram(p: Tensor, mask: Tensor, bins: int = HIST_BINS) -> Tensor:
     (bin i holds i/bins ≤ p < (i+1)/bins, p = 1 in the last), then Σp, Σp² and the count.
 
     All entries are sums, so ranks combine by adding (what TensorBoard's ``add_histogram_raw``
-    needs, except min and max, which :meth:`TokenDiagnosticsCallback` reduces separately).
+    needs, except min and max: see :func:`prob_range`).
     """
     if bins < 1:
         raise ValueError(f"callbacks.diagnostics.hist_bins={bins} must be >= 1")
@@ -163,8 +137,6 @@ def metrics_from_sums(sums: DiagnosticSums, prefix: str = "diag") -> dict[str, f
     if mass_total > 0:
         for k, v in sums.phase_mass.items():
             out[f"{prefix}/lopti_grad_mass_share/{k}"] = float(v) / mass_total
-    for k, v in sums.phase_tokens.items():
-        out[f"{prefix}/lopti_tokens/{k}"] = float(v)
     if sums.direction:
         put("update_dir_pos", sums.direction["pos_up"], sums.direction["pos_total"])
         put("update_dir_neg", sums.direction["neg_down"], sums.direction["neg_total"])
@@ -186,89 +158,9 @@ def post_update_log_probs(policy, experience, temperature: float, micro_batch_si
     return logp * experience.response_mask
 
 
-class TokenDiagnosticsCallback(L.Callback):
-    """See the module docstring. ``every_n_steps`` / ``update_direction_every_n_steps``: null = never."""
-
-    def __init__(self, every_n_steps: int | None = 1, update_direction_every_n_steps: int | None = 10,
-                 micro_batch_size: int | None = None, prefix: str = "diag", hist_bins: int | None = HIST_BINS):
-        for name, v in (("every_n_steps", every_n_steps),
-                        ("update_direction_every_n_steps", update_direction_every_n_steps),
-                        ("micro_batch_size", micro_batch_size), ("hist_bins", hist_bins)):
-            if v is not None and v < 1:
-                raise ValueError(f"callbacks.diagnostics.{name}={v} must be >= 1 or null")
-        self.hist_bins = hist_bins
-        self.every_n_steps = every_n_steps
-        self.update_direction_every_n_steps = update_direction_every_n_steps
-        self.micro_batch_size = micro_batch_size
-        self.prefix = prefix
-        self.last_metrics: dict[str, float] = {}
-        self.last_hist: Tensor | None = None  # the last logged prob_histogram sums (tests read it)
-        self.enabled = True  # benchmarks toggle it to time steps with and without
-
-    @staticmethod
-    def _due(every: int | None, step: int) -> bool:
-        return every is not None and step % every == 0
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        ctx = getattr(pl_module, "last_step_context", None)
-        step = int(getattr(pl_module, "rollout_step", 0))
-        cheap = self._due(self.every_n_steps, step)
-        direction = self._due(self.update_direction_every_n_steps, step)
-        if ctx is None or not self.enabled or not (cheap or direction):
-            return
-        t0 = time.perf_counter()
-        exp = ctx.experience
-        cfg = pl_module.cfg
-        sums = step_sums(ctx.old_log_probs, exp.response_mask, ctx.advantages, ctx.advantages_raw,
-                         cfg.algorithm.ar_alpha, ctx.phases, self.hist_bins if cheap else None)
-        if direction:
-            mb = self.micro_batch_size or cfg.sizes.logprob_micro_batch_size
-            plugin = getattr(trainer, "precision_plugin", None)
-            fwd = plugin.forward_context() if plugin is not None else contextlib.nullcontext()
-            with fwd:
-                new_logp = post_update_log_probs(pl_module.policy, exp, pl_module.temperature, mb)
-            sums.direction = update_direction_counts(ctx.old_log_probs, new_logp, ctx.advantages_raw,
-                                                     exp.response_mask)
-        p_range = prob_range(ctx.old_log_probs, exp.response_mask) if sums.hist is not None else None
-        if trainer.world_size > 1:
-            flat, layout = sums.flat()
-            flat = trainer.strategy.reduce(flat.to(pl_module.device), reduce_op="sum").cpu()
-            sums = DiagnosticSums.unflat(flat, layout)
-            if p_range is not None:  # [-min, max], both by max over ranks
-                mm = torch.tensor([-p_range[0], p_range[1]], dtype=torch.float64, device=pl_module.device)
-                mm = trainer.strategy.reduce(mm, reduce_op="max").cpu()
-                p_range = (-float(mm[0]), float(mm[1]))
-        metrics = metrics_from_sums(sums, self.prefix)
-        if not cheap:  # an update-direction-only step logs only those tags
-            metrics = {k: v for k, v in metrics.items() if "/update_dir_" in k}
-        self.last_hist = sums.hist
-        if trainer.is_global_zero:
-            for lg in trainer.loggers:
-                writer = getattr(lg, "experiment", None)
-                if sums.hist is not None and p_range is not None and hasattr(writer, "add_histogram_raw"):
-                    log_histogram(writer, f"{self.prefix}/token_prob_hist", sums.hist, p_range, step)
-        metrics["timing/diagnostics_s"] = time.perf_counter() - t0
-        self.last_metrics = metrics
-        if trainer.is_global_zero:
-            for lg in trainer.loggers:
-                lg.log_metrics(metrics, step=step)
-
-
 def prob_range(old_log_probs: Tensor, mask: Tensor) -> tuple[float, float]:
     """``(min p, max p)`` over this rank's valid tokens; ``(inf, -inf)`` when there is none."""
     v = torch.exp(old_log_probs.detach().double())[mask.bool()]
     if not v.numel():
         return (math.inf, -math.inf)  # neutral for the max-reduction over ranks
     return float(v.min()), float(v.max())
-
-
-def log_histogram(writer, tag: str, hist: Tensor, p_range: tuple[float, float], step: int) -> bool:
-    """Write :func:`prob_histogram` sums as a TensorBoard histogram; False (nothing written) with no tokens."""
-    bins = int(hist.numel()) - 3
-    counts, (s1, s2, n) = hist[:bins].tolist(), hist[bins:].tolist()
-    if n <= 0 or not math.isfinite(p_range[0]):
-        return False
-    limits = [(i + 1) / bins for i in range(bins)]
-    writer.add_histogram_raw(tag, min=p_range[0], max=p_range[1], num=int(n), sum=s1, sum_squares=s2,
-                             bucket_limits=limits, bucket_counts=counts, global_step=step)
-    return True

@@ -55,7 +55,7 @@ class BenchmarkEvalCallback(L.Callback):
     def _engine(self, trainer, pl_module):
         engine = getattr(pl_module, "rollout_engine", None)
         if engine is None:
-            from arlopti.rollout.callback import build_engine
+            from arlopti.callbacks.rollout import build_engine
 
             engine = build_engine(pl_module.cfg.rollout, pl_module, trainer)
             pl_module.rollout_engine = engine

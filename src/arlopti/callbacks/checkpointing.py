@@ -24,9 +24,9 @@ position (``PromptDataModule.state_dict``), the learner's counters (``rollout_st
 with ``rollout.seed`` and the rank determines every rollout seed, ``weight_version``, skip
 counts), every rank's Python/NumPy/torch RNG states, and this callback's top-k bookkeeping.
 
-:func:`find_last_checkpoint` implements ``ckpt_path=last``; :func:`validate_checkpoint` and
-:func:`config_mismatches` give the clear errors for a truncated file or a checkpoint of a
-different config (see ``arlopti.train``).
+Which checkpoint a run resumes from, and whether it is complete, is :mod:`arlopti.resume`;
+:func:`load_checkpoint_metadata` reads a checkpoint's non-tensor part and :func:`config_mismatches`
+lists the keys where its run config differs from this run's (see ``arlopti.train``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ import os
 import shutil
 import signal
 import threading
-import zipfile
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -46,15 +45,11 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
+from arlopti.resume import LAST, META, CheckpointError, validate_checkpoint
+
 log = logging.getLogger(__name__)
 
-LAST = "last.ckpt"
 PREEMPTED = "PREEMPTED"  # written beside last.ckpt when a signal stopped the run
-META = "meta.pt"  # Lightning's metadata file inside a distributed-checkpoint folder
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be used; the message names the file and what to do."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -257,84 +252,8 @@ def _signal_number(s) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# finding and checking checkpoints
+# reading checkpoints
 # ---------------------------------------------------------------------------------------------
-
-
-def _last_in(checkpoints: Path) -> Path | None:
-    """``checkpoints/last.ckpt``, else the ``last.ckpt.old`` a save interrupted mid-rename left."""
-    for name in (LAST, LAST + ".old"):
-        p = checkpoints / name
-        if p.is_file() or (p.is_dir() and (p / META).is_file()):
-            return p
-    return None
-
-
-def find_last_checkpoint(cfg) -> Path | None:
-    """``ckpt_path=last``: this run's ``checkpoints/last.ckpt``, else the most recently written
-    ``last.ckpt`` of any run of the same ``task_name`` under ``paths.log_dir``.
-
-    "This run" is ``paths.output_dir`` (Hydra's run dir): pass ``hydra.run.dir=...`` to resume
-    a fixed directory (SLURM requeue), otherwise each launch gets a new timestamped directory
-    and the newest earlier run of the task is used.
-    """
-    try:
-        own = _last_in(Path(cfg.paths.output_dir) / "checkpoints")
-    except Exception:  # output_dir needs a Hydra runtime
-        own = None
-    if own is not None:
-        return own
-    runs = Path(cfg.paths.log_dir) / str(cfg.task_name) / "runs"
-    found = [p for d in runs.glob("*/checkpoints") if (p := _last_in(d)) is not None]
-    return max(found, key=_written_at) if found else None
-
-
-def _written_at(p: Path) -> float:
-    return (p / META).stat().st_mtime if p.is_dir() else p.stat().st_mtime
-
-
-def validate_checkpoint(path: str | Path) -> Path:
-    """Check that ``path`` is a complete checkpoint (file or distributed folder) without loading weights.
-
-    Raises :class:`CheckpointError` naming the offending file: a truncated or non-zip file, a
-    folder without its metadata, or a shard shorter than its metadata says.
-    """
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if path.is_file():
-        try:
-            with zipfile.ZipFile(path) as z:
-                names = z.namelist()
-        except (zipfile.BadZipFile, OSError) as err:
-            raise CheckpointError(f"checkpoint file {path} is truncated or corrupt ({err}); it was probably cut off "
-                                  f"by a crash during a save: use an earlier checkpoint (e.g. {LAST}.old)") from err
-        if not any(n.endswith("data.pkl") for n in names):
-            raise CheckpointError(f"checkpoint file {path} is a zip archive but not a torch checkpoint")
-        return path
-    meta = path / META
-    if not meta.is_file():
-        raise CheckpointError(f"checkpoint folder {path} has no {META}: not a complete distributed checkpoint "
-                              "(a save interrupted before it finished?)")
-    try:
-        from torch.distributed.checkpoint import FileSystemReader
-
-        metadata = FileSystemReader(str(path)).read_metadata()
-    except Exception as err:
-        raise CheckpointError(f"checkpoint folder {path}: cannot read {path / '.metadata'} ({err})") from err
-    needed: dict[str, int] = {}
-    for info in (metadata.storage_data or {}).values():
-        rel = getattr(info, "relative_path", None)
-        if rel is not None:
-            needed[rel] = max(needed.get(rel, 0), int(info.offset) + int(info.length))
-    for rel, size in sorted(needed.items()):
-        f = path / rel
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint folder {path}: shard {f} is missing")
-        if f.stat().st_size < size:
-            raise CheckpointError(f"checkpoint shard {f} is truncated ({f.stat().st_size} bytes, its metadata "
-                                  f"needs {size}); use an earlier checkpoint")
-    return path
 
 
 def load_checkpoint_metadata(path: str | Path) -> dict:
@@ -373,5 +292,4 @@ def config_mismatches(saved_run: dict, run: dict) -> list[str]:
     return diffs
 
 
-__all__ = ["CheckpointError", "RolloutCheckpoint", "config_mismatches", "find_last_checkpoint",
-           "load_checkpoint_metadata", "save_atomic", "validate_checkpoint"]
+__all__ = ["RolloutCheckpoint", "config_mismatches", "load_checkpoint_metadata", "save_atomic"]

@@ -17,7 +17,8 @@ response mask ``m`` covering the response tokens and the final EOS. AdamW, const
 The puzzles are drawn with their own seed (``seed``), disjoint in practice from the training
 set's. After the warm-up the reference model is reset to the warmed-up policy (the KL term then
 anchors GRPO to the SFT model, the usual RLHF set-up), and the weight version is bumped so the
-rollout engine syncs.
+rollout engine syncs (:class:`arlopti.callbacks.cold_start.ColdStartCallback` runs it in training;
+the analysis tools call :func:`run_cold_start` directly).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import lightning.pytorch as L
 import torch
 
 from arlopti.learner.experience import pad_prompt_response
@@ -100,36 +100,3 @@ def run_cold_start(policy, tokenizer, cfg: ColdStartConfig, log_fn=None) -> list
     log.info("cold start: %d SFT steps in %.1fs, loss %.3f -> %.3f", cfg.steps, time.perf_counter() - t0,
              losses[0] if losses else float("nan"), losses[-1] if losses else float("nan"))
     return losses
-
-
-class ColdStartCallback(L.Callback):
-    """Runs :func:`run_cold_start` once, at the start of a fresh run (not on resume)."""
-
-    def __init__(self, **kwargs):
-        self.cfg = ColdStartConfig(**kwargs)
-        self.done = False
-        self.losses: list[float] = []
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        if not self.cfg.enabled or self.done or pl_module.rollout_step > 0:
-            return
-        loggers = trainer.loggers if trainer.global_rank == 0 else []
-
-        def log_fn(metrics, step):
-            for lg in loggers:
-                lg.log_metrics(metrics, step=step)
-
-        with trainer.precision_plugin.forward_context():
-            self.losses = run_cold_start(pl_module.policy, pl_module.tokenizer, self.cfg, log_fn)
-        if pl_module.ref is not None:  # anchor the KL to the warmed-up policy
-            pl_module.ref.load_state_dict(pl_module.policy.state_dict())
-        pl_module.weight_version += 1
-        pl_module.cold_start_losses = self.losses
-        self.done = True
-
-    def state_dict(self) -> dict:
-        return {"done": self.done, "losses": self.losses}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.done = bool(state.get("done", False))
-        self.losses = list(state.get("losses", []))

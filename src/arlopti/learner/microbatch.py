@@ -170,3 +170,27 @@ def _check(lengths: Sequence[int], prompt_len: int, budget: int) -> None:
         raise ValueError(f"prompt_len={prompt_len} must be >= 0")
     if any(r < 0 for r in lengths):
         raise ValueError("response lengths must be >= 0")
+
+
+def micro_batches_of(rows: list[int], exp, size: int, budget: int | None,
+                     max_over_ranks=lambda k: k) -> tuple[list[list[int]], str | None]:
+    """Micro-batches (lists of indices into ``exp``) of mini-batch ``rows``, and a warning when
+    some sequence alone is over the token budget.
+
+    ``budget`` unset: ``size`` rows at a time, in order. Set: :func:`plan_micro_batches` on the
+    rows' response lengths, the number of micro-batches raised to ``max_over_ranks`` of this rank's
+    minimum (every rank must run as many backwards: each is a gradient collective).
+    """
+    if budget is None:
+        return [[rows[j] for j in mb] for mb in fixed_micro_batches(len(rows), size)], None
+    lengths = [int(x) for x in exp.response_mask[rows].sum(-1).tolist()]
+    k = max_over_ranks(min_micro_batches(lengths, exp.prompt_len, budget))
+    plan = plan_micro_batches(lengths, exp.prompt_len, budget, k=k)
+    warning = None
+    if plan.oversized:
+        longest = max(lengths[i] for i in plan.oversized)
+        warning = (f"sizes.micro_batch_tokens={budget} is below the cost of {len(plan.oversized)} single "
+                   f"sequence(s) (prompt {exp.prompt_len} + response up to {longest} tokens): each gets a "
+                   f"micro-batch of its own. Raise the budget to at least {exp.prompt_len + longest} to bound "
+                   "the memory of every micro-batch")
+    return [[rows[j] for j in mb] for mb in plan.micro_batches], warning

@@ -2,7 +2,7 @@
 
 ``PolicyLM(hf_model)(input_ids, attention_mask, prompt_len, temperature)`` runs the decoder
 backbone, then sends the hidden states of the response positions through
-:func:`arlopti.algorithms.logprobs.token_logprobs` with the LM-head weight, so that the full
+:func:`arlopti.ops.logprobs.token_logprobs` with the LM-head weight, so that the full
 ``[B, T, V]`` logits never have to exist (with ``logprob_impl="fused"``).
 
 Layout of a batch (built by the rollout callback): ``input_ids = [prompt | response]`` with
@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from arlopti.algorithms.logprobs import token_logprobs
+from arlopti.ops.logprobs import token_logprobs
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -93,3 +93,23 @@ def batched_logprobs(policy: nn.Module, input_ids: Tensor, attention_mask: Tenso
         if en is not None:
             ents.append(en)
     return torch.cat(logps), (torch.cat(ents) if ents else None)
+
+
+@torch.no_grad()
+def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_rows: int, temperature: float) -> None:
+    """Fill ``out[rows]`` with ``model``'s log-probs of ``exp``'s responses (no grad).
+
+    Rows go longest response first in chunks of ``chunk_rows``, each trimmed to its longest
+    response (less padding than chunks in row order); positions past a row's chunk width keep
+    ``out``'s values. Runs under the caller's precision context. The chunk count depends only on
+    ``len(rows)``, equal on every rank (the forwards are collectives under FSDP2).
+    """
+    if not rows:
+        return
+    lengths = exp.response_mask[rows].sum(-1).tolist()
+    order = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (-lengths[i], i))]
+    for lo in range(0, len(order), chunk_rows):
+        chunk = order[lo:lo + chunk_rows]
+        sub = exp.select(chunk)
+        logp, _ = model(sub.input_ids, sub.attention_mask, sub.prompt_len, temperature, with_entropy=False)
+        out[torch.tensor(chunk, device=out.device), :logp.shape[1]] = logp.to(out.dtype)

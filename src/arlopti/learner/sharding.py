@@ -252,3 +252,18 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
 __all__ = ["FSDP2Strategy", "FSDPOptions", "KNOWN_DECODER_LAYERS", "ShardingError", "apply_fsdp2",
            "decoder_layer_class", "decoder_layers", "enable_activation_checkpointing", "full_state_dict", "is_fsdp2",
            "unsharded_for_generate"]
+
+
+def shard_learner(policy: nn.Module, ref: nn.Module | None, strategy, mesh, decoder_layer_class_name: str | None) -> None:
+    """FSDP2 over the data-parallel mesh for the policy and (with the same precision and offload,
+    no activation checkpointing: it never runs backward) the frozen reference model."""
+    if mesh["tensor_parallel"].size() != 1:
+        raise ShardingError(f"tensor_parallel_size={mesh['tensor_parallel'].size()}: arlopti shards data-parallel "
+                            "only; use trainer=fsdp (tensor_parallel_size=1)")
+    options = getattr(strategy, "fsdp_options", None) or FSDPOptions()
+    dp = mesh["data_parallel"]
+    apply_fsdp2(policy, dp, options, decoder_layer_class_name)
+    if ref is not None:
+        ref_options = FSDPOptions(mixed_precision=options.mixed_precision, reduce_dtype=options.reduce_dtype,
+                                  cpu_offload=options.cpu_offload)
+        apply_fsdp2(ref, dp, ref_options, decoder_layer_class_name)

@@ -6,7 +6,11 @@ config, generation config, tokenizer and weights are written to a temporary dire
 ``vllm.LLM`` is started on it in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that
 its model runner can be reached. The names written are the checkpoint names this engine
 accepted at start-up (vLLM refuses to start if a weight is unknown or missing), and every
-later sync must send exactly those names. The directory is removed on :meth:`close`.
+later sync must send exactly those names. The directory is removed on :meth:`close`. The steps:
+:func:`check_vllm_config` (the settings; start-up validation can call it too),
+:func:`engine_model_spec` and :func:`engine_args` (pure: dtype and context length, then the
+``vllm.LLM`` arguments with this rank's :func:`current_placement`), and :func:`vllm_startup`
+(the log level, torch's threads, and the clean-up after a failed start).
 
 * dtype: ``rollout.dtype`` or, when null, the policy's parameter dtype.
 * ``max_model_len``: ``rollout.max_model_len`` or, when null,
@@ -71,7 +75,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection, Iterator
 
 import torch
 
@@ -179,9 +183,64 @@ def check_cpu_head_dim(head_dim: int | None) -> None:
     if head_dim is not None and head_dim not in supported:
         raise RuntimeError(
             f"vLLM cannot run this policy on CPU: its attention backend (CPUAttentionBackend) supports head sizes "
-            f"{supported}, the model's head_dim is {head_dim}. For the tiny model use model.tiny.num_heads=2 "
-            "model.tiny.num_kv_heads=1 (head_dim 32; rollout=vllm sets these unless the command line overrides "
-            "them), or use rollout=hf.")
+            f"{supported}, the model's head_dim is {head_dim}. For the tiny model use model=tiny_vllm (num_heads=2, "
+            "num_kv_heads=1: head_dim 32; debug=smoke uses it), or use rollout=hf.")
+
+
+def check_vllm_config(cfg: RolloutConfig) -> None:
+    """The rollout settings the vLLM engine cannot start with; a ``ValueError`` names the key.
+
+    :meth:`VLLMEngine.from_policy` calls it first; start-up validation can call it too (no vLLM needed).
+    """
+    if cfg.sleep_level not in (1, 2):
+        raise ValueError(f"rollout.sleep_level={cfg.sleep_level}: use 1 (offload weights) or 2 (drop weights)")
+    if cfg.sync_bucket_mb < 0:
+        raise ValueError(f"rollout.sync_bucket_mb={cfg.sync_bucket_mb} must be >= 0 (0 = one tensor per bucket)")
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        raise ValueError(f"rollout.gpu_memory_utilization={cfg.gpu_memory_utilization} must lie in (0, 1]")
+
+
+def engine_model_spec(hf_model, cfg: RolloutConfig) -> tuple[torch.dtype, int, int | None]:
+    """``(dtype, max_model_len, head_dim)`` of the engine for ``hf_model`` (see the module docstring).
+
+    A ``rollout.max_model_len`` beyond the model's ``max_position_embeddings`` is a ``ValueError``.
+    """
+    policy_dtype = next((p.dtype for p in hf_model.parameters() if p.is_floating_point()), torch.float32)
+    dtype = resolve_dtype(cfg.dtype, policy_dtype)
+    mpe = getattr(hf_model.config, "max_position_embeddings", None)
+    max_len = cfg.max_model_len or derive_max_model_len(mpe, cfg.max_new_tokens)
+    if mpe and max_len > mpe:
+        raise ValueError(f"rollout.max_model_len={max_len} exceeds the model's max_position_embeddings={mpe}")
+    return dtype, max_len, model_head_dim(hf_model.config)
+
+
+_OPTIONAL_ARGS = ("logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level")  # newer vLLMs only
+
+
+def engine_args(model_dir: str, dtype: torch.dtype, max_model_len: int, cfg: RolloutConfig, *,
+                sleep_mode: bool, quiet: bool, placement: dict, accepted: Collection[str]) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments (a pure function of its inputs).
+
+    ``placement``: the extra arguments of :func:`current_placement`; ``accepted``: the field names
+    of this vLLM's ``EngineArgs``. Optional arguments it lacks are left out; a placement it cannot
+    take is a ``RuntimeError``. ``quiet``: vLLM's start-up chatter only at ERROR (vLLM applies
+    ``log_level`` the first time it configures logging).
+    """
+    kwargs: dict[str, Any] = dict(
+        model=model_dir, tokenizer=model_dir, dtype=_dtype_name(dtype), seed=int(cfg.seed),
+        gpu_memory_utilization=float(cfg.gpu_memory_utilization), enforce_eager=bool(cfg.enforce_eager),
+        max_model_len=int(max_model_len), enable_sleep_mode=sleep_mode, logprobs_mode="processed_logprobs",
+        use_tqdm_on_load=False, disable_log_stats=True)
+    if quiet:
+        kwargs["log_level"] = "ERROR"
+    if placement and "distributed_executor_backend" not in accepted:
+        raise RuntimeError("this vLLM has no distributed_executor_backend: it cannot give each rank's engine its "
+                           "own GPU; use one device per run or a newer vLLM")
+    kwargs.update(placement)
+    for optional in _OPTIONAL_ARGS:
+        if optional not in accepted:
+            kwargs.pop(optional, None)
+    return kwargs
 
 
 def save_for_engine(hf_model, tokenizer, out_dir: Path, dtype: torch.dtype, bucket_bytes: int) -> list[str]:
@@ -264,6 +323,56 @@ def _quiet_vllm(level: int = logging.ERROR, logger: str = "vllm"):
         yield
     finally:
         lg.setLevel(before)
+
+
+@dataclasses.dataclass
+class _Startup:
+    """What :func:`vllm_startup` yields: the engine's model directory and, once launched, the engine."""
+
+    model_dir: Path
+    quiet: bool
+    llm: Any = None
+
+    def launch(self, vllm, kwargs: dict) -> None:
+        self.llm = vllm.LLM(**kwargs)
+        # one token now: some models only fail in the first forward (vLLM-CPU: unsupported head size)
+        self.llm.generate([{"prompt_token_ids": [0]}], vllm.SamplingParams(max_tokens=1, temperature=0.0),
+                          use_tqdm=False)
+
+    def discard(self) -> None:
+        """After a failed start: remove the model directory and free an engine that started but cannot run."""
+        shutil.rmtree(self.model_dir, ignore_errors=True)
+        if self.llm is not None:
+            with contextlib.suppress(Exception):
+                self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        gc.collect()
+
+
+@contextlib.contextmanager
+def vllm_startup(record: dict) -> Iterator[_Startup]:
+    """The start of an engine, around writing its model directory and launching it.
+
+    Yields a :class:`_Startup` with a fresh temporary model directory. Meanwhile vLLM's loggers
+    are at ERROR unless the user chose ``VLLM_LOGGING_LEVEL`` (``quiet``; WARNING again after,
+    and later engines in the process reuse that configuration), and torch's thread settings are
+    kept (:func:`_keep_torch_threads`, recorded in ``record``). If the block fails, the model
+    directory is removed and an engine that started is shut down.
+    """
+    quiet = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper() == "WARNING"
+    start = _Startup(Path(tempfile.mkdtemp(prefix="arlopti-vllm-")), quiet)
+    if quiet:
+        _set_vllm_log_level(logging.ERROR)
+    ok = False
+    try:
+        with _keep_torch_threads(record):
+            yield start
+        ok = True
+    finally:
+        if quiet:
+            _set_vllm_log_level(logging.WARNING)
+        if not ok:
+            start.discard()
 
 
 def _worker_model(worker):
@@ -361,90 +470,46 @@ class VLLMEngine(RolloutEngine):
     @classmethod
     def from_policy(cls, policy, tokenizer, cfg: RolloutConfig) -> "VLLMEngine":
         """Save ``policy`` (a ``PolicyLM`` or HF causal LM) to a temp dir and start vLLM on it."""
-        if cfg.sleep_level not in (1, 2):
-            raise ValueError(f"rollout.sleep_level={cfg.sleep_level}: use 1 (offload weights) or 2 (drop weights)")
-        if cfg.sync_bucket_mb < 0:
-            raise ValueError(f"rollout.sync_bucket_mb={cfg.sync_bucket_mb} must be >= 0 (0 = one tensor per bucket)")
-        if not 0 < cfg.gpu_memory_utilization <= 1:
-            raise ValueError(f"rollout.gpu_memory_utilization={cfg.gpu_memory_utilization} must lie in (0, 1]")
+        check_vllm_config(cfg)
         vllm = import_vllm()
+        from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform
 
         hf = getattr(policy, "hf", policy)
-        policy_dtype = next((p.dtype for p in hf.parameters() if p.is_floating_point()), torch.float32)
-        dtype = resolve_dtype(cfg.dtype, policy_dtype)
-        mpe = getattr(hf.config, "max_position_embeddings", None)
-        max_len = cfg.max_model_len or derive_max_model_len(mpe, cfg.max_new_tokens)
-        if mpe and max_len > mpe:
-            raise ValueError(f"rollout.max_model_len={max_len} exceeds the model's max_position_embeddings={mpe}")
-        head_dim = model_head_dim(hf.config)
+        dtype, max_len, head_dim = engine_model_spec(hf, cfg)
         if current_platform.is_cpu():
             check_cpu_head_dim(head_dim)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         # in-process engine: its model runner is reachable for the weight sync
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         sleep_ok = bool(cfg.enable_sleep and current_platform.is_sleep_mode_available())
-
-        model_dir = Path(tempfile.mkdtemp(prefix="arlopti-vllm-"))
-        try:
-            names = save_for_engine(hf, tokenizer, model_dir, dtype, int(cfg.sync_bucket_mb) * 2**20)
-        except BaseException:
-            shutil.rmtree(model_dir, ignore_errors=True)
-            raise
-        from vllm.engine.arg_utils import EngineArgs
-
-        accepted = {f.name for f in dataclasses.fields(EngineArgs)}
-        kwargs = dict(model=str(model_dir), tokenizer=str(model_dir), dtype=_dtype_name(dtype), seed=int(cfg.seed),
-                      gpu_memory_utilization=float(cfg.gpu_memory_utilization), enforce_eager=bool(cfg.enforce_eager),
-                      max_model_len=int(max_len), enable_sleep_mode=sleep_ok, logprobs_mode="processed_logprobs",
-                      use_tqdm_on_load=False, disable_log_stats=True)
-        quiet = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper() == "WARNING"
-        if quiet:  # start-up chatter (performance hints, eager mode, ...) only at ERROR; WARNING again after
-            kwargs["log_level"] = "ERROR"  # vLLM applies this the first time it configures logging
-            _set_vllm_log_level(logging.ERROR)  # later engines in the process reuse that configuration
         placement, env = current_placement(current_platform.device_type)
-        if placement and "distributed_executor_backend" not in accepted:
-            raise RuntimeError("this vLLM has no distributed_executor_backend: it cannot give each rank's engine its "
-                               "own GPU; use one device per run or a newer vLLM")
-        kwargs.update(placement)
-        os.environ.update(env)
-        for optional in ("logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level"):
-            if optional not in accepted:
-                if optional == "logprobs_mode" and cfg.return_logprobs:
-                    log.warning("this vLLM has no logprobs_mode: returned log-probs are of the raw (untempered) logits")
-                kwargs.pop(optional)
+        accepted = {f.name for f in dataclasses.fields(EngineArgs)}
+        if cfg.return_logprobs and "logprobs_mode" not in accepted:
+            log.warning("this vLLM has no logprobs_mode: returned log-probs are of the raw (untempered) logits")
         dist_before = torch.distributed.is_available() and torch.distributed.is_initialized()
         threads: dict = {}
-        t0 = time.perf_counter()
-        llm = None
-        try:
-            with _keep_torch_threads(threads):
-                llm = vllm.LLM(**kwargs)
-                # one token now: some models only fail in the first forward (vLLM-CPU: unsupported head size)
-                llm.generate([{"prompt_token_ids": [0]}], vllm.SamplingParams(max_tokens=1, temperature=0.0),
-                             use_tqdm=False)
-        except Exception as err:
-            shutil.rmtree(model_dir, ignore_errors=True)
-            if quiet:
-                _set_vllm_log_level(logging.WARNING)
-            if llm is not None:  # started but cannot run: free it
-                with contextlib.suppress(Exception):
-                    llm.llm_engine.engine_core.shutdown()
-            del llm
-            gc.collect()
-            raise RuntimeError(f"vLLM could not load or run the policy ({type(hf).__name__}, dtype {dtype}, "
-                               f"max_model_len {max_len}, head_dim {head_dim}): {type(err).__name__}: {err}") from err
-        if quiet:
-            _set_vllm_log_level(logging.WARNING)
-        engine = cls(llm, tokenizer, expected_names=names, dtype=dtype,
+        with vllm_startup(threads) as start:
+            names = save_for_engine(hf, tokenizer, start.model_dir, dtype, int(cfg.sync_bucket_mb) * 2**20)
+            kwargs = engine_args(str(start.model_dir), dtype, max_len, cfg, sleep_mode=sleep_ok,
+                                 quiet=start.quiet, placement=placement, accepted=accepted)
+            os.environ.update(env)
+            t0 = time.perf_counter()
+            try:
+                start.launch(vllm, kwargs)
+            except Exception as err:
+                raise RuntimeError(
+                    f"vLLM could not load or run the policy ({type(hf).__name__}, dtype {dtype}, max_model_len "
+                    f"{max_len}, head_dim {head_dim}): {type(err).__name__}: {err}") from err
+        engine = cls(start.llm, tokenizer, expected_names=names, dtype=dtype,
                      tie_word_embeddings=bool(getattr(hf.config, "tie_word_embeddings", False)),
                      max_model_len=max_len, sync_bucket_mb=cfg.sync_bucket_mb, enable_sleep=cfg.enable_sleep,
-                     sleep_level=cfg.sleep_level, model_dir=str(model_dir), owns_model_dir=True,
+                     sleep_level=cfg.sleep_level, model_dir=str(start.model_dir), owns_model_dir=True,
                      dist_was_initialized=dist_before, sleep_supported=sleep_ok)
         engine.stats.extra.update(threads, init_s=time.perf_counter() - t0, platform=current_platform.device_type)
         log.info("vLLM engine ready: %s, %s, max_model_len %d, sleep mode %s, built in %.1f s (model dir %s)",
                  current_platform.device_type, _dtype_name(dtype), max_len, "on" if engine.sleep_enabled else "off",
-                 engine.stats.extra["init_s"], model_dir)
+                 engine.stats.extra["init_s"], start.model_dir)
         return engine
 
     # ------------------------------------------------------------------ sampling

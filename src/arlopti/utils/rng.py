@@ -46,3 +46,14 @@ def _as_python_state(s):
     # random.setstate needs tuples; a checkpoint round trip can turn the inner tuple into a list
     version, internal, gauss = s
     return version, tuple(internal), gauss
+
+
+def gather_rng_states(world_size: int) -> list[dict]:
+    """Every rank's :func:`capture_rng_state`, in rank order (collective when ``world_size > 1``)."""
+    if world_size == 1:
+        return [capture_rng_state()]
+    import torch.distributed as dist
+
+    states: list = [None] * world_size
+    dist.all_gather_object(states, capture_rng_state())
+    return states
