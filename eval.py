@@ -19,4 +19,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    from arlopti.cli import check_command_line
+
+    check_command_line(sys.argv[1:])
     main()

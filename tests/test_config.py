@@ -5,7 +5,11 @@ outside its own package."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import dataclasses
+import math
+import re
 from dataclasses import asdict
 
 import pytest
@@ -179,3 +183,180 @@ def test_vllm_rollout_does_not_touch_the_model(tmp_path):
     smoke = compose_train(["experiment=kk_lopti", "debug=smoke", "rollout=vllm"], tmp_path)
     assert smoke.rollout.backend == "vllm"
     assert smoke.model.tiny.hidden_size // smoke.model.tiny.num_heads == 32
+
+
+# ---- typed values: no silent wrong type (issue 14, row 1) -------------------------------------
+def _train_script():
+    """What ``python train.py`` / ``python eval.py`` run before Hydra composes."""
+    import arlopti.cli
+
+    return arlopti.cli
+
+
+def _refused_on_the_command_line(override: str) -> str:
+    """The message ``python train.py <override>`` exits with (it must exit)."""
+    with pytest.raises(SystemExit) as err:
+        _train_script().check_command_line([override])
+    return str(err.value.code)
+
+
+def _typed_fields(kind):
+    from arlopti.config import field_types
+
+    return [(key, f, hint) for key, f, hint in field_types(RunConfig)
+            if config_mod._unwrap_optional(hint)[0] is kind]
+
+
+#: the wrong values of the sweep, per field type
+WRONG = {bool: ["no", "off", "yes", "on", "1"], int: ["4.5", "true"],
+         float: ["inf", "-inf", "nan", "abc", "true"]}
+
+
+@pytest.mark.parametrize("kind", [bool, int, float])
+def test_every_typed_field_refuses_a_wrong_type_on_the_command_line(kind):
+    """Full-type sweep: every bool, int and float field of every config dataclass (walked from the
+    dataclasses), each wrong value: ``python train.py key=value`` exits before composing, with
+    ``key=value: expected <type>``; the right type passes."""
+    from arlopti.config_docs import _yaml
+
+    fields = _typed_fields(kind)
+    assert len(fields) >= {bool: 6, int: 20, float: 14}[kind]
+    script = _train_script()
+    for key, f, hint in fields:
+        for value in WRONG[kind]:
+            with pytest.raises(SystemExit) as err:
+                script.check_command_line([f"{key}={value}"])
+            message = str(err.value.code)
+            assert message.startswith(f"ConfigError: {key}={value}: expected "), message
+            assert {bool: "a bool (true or false)", int: "an int", float: "a finite float"}[kind] in message
+        script.check_command_line([f"{key}={_yaml(config_mod._default(f))}"])  # its default passes
+        nullable = "None" in str(hint)
+        refused = pytest.raises(ConfigError, match=rf"^{key}=null: expected")
+        with contextlib.nullcontext() if nullable else refused:
+            config_mod.check_overrides([f"{key}=null"])
+
+
+@pytest.mark.parametrize("kind", [bool, int, float])
+def test_every_typed_field_refuses_a_wrong_type_after_composition(kind, tmp_path):
+    """The second layer: a wrong value that reaches the typed run config (a Python caller, an
+    interpolation, a YAML file) is refused by validate_run, naming the key."""
+    from arlopti.train import run_config
+
+    wrong = {bool: ["no", 1, None], int: [4.5, True, "4"],
+             float: [math.inf, -math.inf, math.nan, True, "abc"]}
+    base = run_config(compose_train([], tmp_path))
+    for key, f, hint in _typed_fields(kind):
+        for value in wrong[kind]:
+            if value is None and "None" in str(hint):
+                continue
+            run = copy.deepcopy(base)
+            *path, name = key.split(".")
+            owner = run
+            for part in path:
+                owner = getattr(owner, part)
+            setattr(owner, name, value)
+            with pytest.raises(ConfigError, match=rf"^{re.escape(key)}=\S+: expected "):
+                config_mod.validate_run(run)
+
+
+def test_tuples_need_their_length():
+    config_mod.validate_run(RunConfig(optim=config_mod.OptimConfig(betas=[0.9, 0.95])))
+    for betas, shown in [((0.9,), r"\[0\.9\]"), ((0.9, 0.99, 0.999), r"\[0\.9, 0\.99, 0\.999\]"),
+                         ((0.9, math.inf), r"\[0\.9, inf\]"), ((0.9, "x"), r"\[0\.9, x\]")]:
+        with pytest.raises(ConfigError, match=rf"^optim\.betas={shown}: expected a list of exactly 2 floats"):
+            config_mod.validate_run(RunConfig(optim=config_mod.OptimConfig(betas=betas)))
+
+
+def test_inf_only_where_the_range_is_closed_at_infinity():
+    from arlopti.config import check_value, setting
+
+    @dataclasses.dataclass
+    class Limits:
+        open_end: float = setting(1.0, "x", range="(0, inf)")
+        closed_end: float = setting(1.0, "x", range="[0, inf]")
+
+    open_end, closed_end = dataclasses.fields(Limits)
+    check_value("closed_end", math.inf, float, closed_end)
+    with pytest.raises(ConfigError, match=r"^open_end=inf: expected a finite float$"):
+        check_value("open_end", math.inf, float, open_end)
+    with pytest.raises(ConfigError, match=r"^closed_end=nan: expected a finite float or inf$"):
+        check_value("closed_end", math.nan, float, closed_end)
+
+
+def test_well_typed_overrides_pass():
+    config_mod.check_overrides([
+        "algorithm.lopti.enabled=true", "algorithm.lopti.enabled=False", "+algorithm.lopti.reverse=TRUE",
+        "optim.lr=1e-5", "optim.lr=1", "optim.betas=[0.9,0.95]", "algorithm.dual_clip=null",
+        "sizes.micro_batch_tokens=null", "sizes.micro_batch_tokens=4096", "rollout.top_k=-1",
+        "algorithm=lopti", "experiment=kk_grpo", "~callbacks.benchmark_eval", "trainer.devices=abc",
+        "optim.lr=${oc.env:LR,1e-6}", "optim.betas=[0.9,${oc.env:B2,0.999}]", "optim.lr=1e-5,2e-5", "sizes.group_size=range(2,8)",
+        "model.name_or_path=1", "rollout.stop=[a,b]", "hydra.run.dir=x"])
+    # a --multirun choice sweep: every choice is checked
+    with pytest.raises(ConfigError, match=r"^optim\.lr=inf: expected a finite float"):
+        config_mod.check_overrides(["optim.lr=1e-5,inf"])
+
+
+def test_train_script_reads_the_overrides_as_hydra_does():
+    script = _train_script()
+    assert script.command_line_overrides(["-m", "a=1", "--config-name", "x", "b=no", "--cfg", "job"]) == \
+        ["a=1", "b=no"]
+
+
+# The repros of issue 14, row 1: what each command line says now.
+ISSUE_14_ROW_1 = [
+    ("algorithm.lopti.enabled=no", "algorithm.lopti.enabled=no: expected a bool (true or false)"),
+    ("algorithm.lopti.enabled=off", "algorithm.lopti.enabled=off: expected a bool (true or false)"),
+    ("algorithm.ar_alpha=true", "algorithm.ar_alpha=true: expected a finite float"),
+    ("sizes.group_size=4.0", "sizes.group_size=4.0: expected an int"),
+    ("rollout.max_new_tokens=16.5", "rollout.max_new_tokens=16.5: expected an int"),
+    ("optim.betas=[0.9]", "optim.betas=[0.9]: expected a list of exactly 2 floats"),
+    ("optim.lr=inf", "optim.lr=inf: expected a finite float"),
+    ("rollout.temperature=inf", "rollout.temperature=inf: expected a finite float"),
+    ("algorithm.ar_alpha=abc", "algorithm.ar_alpha=abc: expected a finite float"),
+]
+
+
+@pytest.mark.parametrize("override,message", ISSUE_14_ROW_1)
+def test_issue_14_row_1_repros(override, message, tmp_path):
+    from arlopti.train import build
+
+    assert _refused_on_the_command_line(override) == f"ConfigError: {message} (command-line override)"
+    # Without that check, what composing would do: Hydra refuses some (its message names the key),
+    # OmegaConf converts `no`/`off` to False, and `build` refuses what composes but is still wrong.
+    key, value = override.split("=", 1)
+    try:
+        cfg = compose_train(["debug=smoke", "data=kk_generated", "logger=none", override], tmp_path)
+    except Exception as err:  # noqa: BLE001 - Hydra's ConfigCompositionException
+        hydra_message = f"{err}\n{err.__cause__}"
+        assert f"Error merging override {override}" in hydra_message
+        assert f"full_key: {key}" in hydra_message
+        return
+    if value in ("no", "off"):
+        assert OmegaConf.select(cfg, key) is False  # the silent conversion the command-line check prevents
+        return
+    with pytest.raises(ConfigError, match=rf"^{re.escape(message)}$"):
+        build(cfg)
+
+
+def test_yaml_booleans_are_true_or_false():
+    """OmegaConf's YAML loader reads YAML 1.1 `no`/`off`/`yes`/`on` as booleans before any check can
+    see them, so the repository's configs write only `true`/`false`."""
+    assert OmegaConf.create("enabled: no\nreverse: on")["enabled"] is False
+    offenders = [f"{path.relative_to(CONFIGS)}:{n}: {line.strip()}"
+                 for path in sorted(CONFIGS.rglob("*.yaml"))
+                 for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if re.search(r":\s*['\"]?(yes|no|on|off|y|n)['\"]?\s*(#.*)?$", line, re.IGNORECASE)]
+    assert not offenders, offenders
+
+
+def test_python_train_py_refuses_lopti_enabled_no(tmp_path):
+    """The real command line, one process: exits non-zero with the key on stderr, before any work."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), "experiment=kk_grpo", "debug=smoke",
+                           "data=kk_generated", "algorithm.lopti.enabled=no",
+                           f"hydra.run.dir={tmp_path}/run"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "algorithm.lopti.enabled=no: expected a bool (true or false)" in proc.stderr, proc.stderr

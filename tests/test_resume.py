@@ -1,6 +1,8 @@
 """Which checkpoint a run resumes from (``arlopti.resume``), on plain paths: ``ckpt_path=last`` /
-``auto`` / a run directory / a file, the ``last.ckpt.old`` fallback, and truncated files and shards
-named before anything is loaded. Then ``arlopti.train.resolve_ckpt_path``, which reads the
+``auto`` / a run directory / a file, the ``last.ckpt.old`` fallback, truncated files and shards
+named before anything is loaded, and damaged ones (bytes flipped in a tensor blob or a shard: the
+zip entry's CRC-32, the folder's sha256 manifest) named, with ``last``/``auto`` falling back to the
+newest intact checkpoint. Then ``arlopti.train.resolve_ckpt_path``, which reads the
 directories from a composed config.
 
 The checkpoints here are ``torch.save`` files with Lightning's layout (a zip with a ``data.pkl``)
@@ -142,3 +144,98 @@ def test_train_reads_the_run_directories_from_the_config(saved_ckpt, tmp_path):
     no_runtime = OmegaConf.create({"task_name": "t", "run_name": "s1",
                                    "paths": {"log_dir": str(tmp_path / "logs"), "output_dir": "${hydra:runtime.output_dir}"}})
     assert from_config("auto", no_runtime) is None  # output_dir needs a Hydra runtime: no run directory
+
+
+# ---- integrity: bytes changed after the save (issue 14, row 3) -------------------------------------------------
+
+
+def flip_entry(path, suffix: str, n: int = 400) -> str:
+    """Invert ``n`` bytes in the middle of the zip entry whose name ends with ``suffix`` (a tensor
+    blob, stored uncompressed by torch); returns the entry's name."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if i.filename.endswith(suffix))
+    data = bytearray(path.read_bytes())
+    h = info.header_offset
+    name_len, extra_len = struct.unpack("<HH", data[h + 26:h + 30])
+    start = h + 30 + name_len + extra_len + max(0, info.file_size // 2 - n // 2)
+    for i in range(start, start + min(n, info.file_size)):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return info.filename
+
+
+def storage_key(path, tensor_key: str) -> str:
+    """The zip entry (``data/<key>``) holding ``state_dict[tensor_key]``."""
+    import zipfile
+
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+
+    with zipfile.ZipFile(path) as z:  # match by content: the entry's bytes are the tensor's
+        want = ckpt["state_dict"][tensor_key].numpy().tobytes()
+        return next(n for n in z.namelist() if "/data/" in n and z.read(n) == want).rsplit("/", 1)[-1]
+
+
+def test_flipped_bytes_in_a_tensor_blob_are_named(saved_ckpt, tmp_path):
+    bad = tmp_path / "last.ckpt"
+    bad.write_bytes(saved_ckpt.read_bytes())
+    key = storage_key(bad, "policy.w")
+    entry = flip_entry(bad, f"/data/{key}")
+    torch.load(bad, map_location="cpu", weights_only=False)  # torch itself loads it without complaint
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint file {bad} is corrupt: entry '{entry}' "
+                                                        "(tensor state_dict.policy.w) fails its integrity check")):
+        validate_checkpoint(bad)
+    with pytest.raises(CheckpointError, match=re.escape(str(bad))):
+        resolve_ckpt_path(str(bad))  # an explicit path: no fallback
+
+
+def test_ckpt_path_last_falls_back_to_the_newest_intact_checkpoint(saved_ckpt, tmp_path, caplog):
+    import logging
+
+    logs = tmp_path / "logs" / "t" / "s1"
+    earlier, own = logs / "2026-01-01_00-00-00" / "checkpoints", logs / "fixed" / "checkpoints"
+    for d in (earlier, own):
+        d.mkdir(parents=True)
+    for f in (earlier / "last.ckpt", own / "last.ckpt", own / "last.ckpt.old"):
+        f.write_bytes(saved_ckpt.read_bytes())
+    os.utime(earlier / "last.ckpt", (1000, 1000))
+    where = dict(output_dir=own.parent, log_dir=tmp_path / "logs", task_name="t", run_name="s1")
+    flip_entry(own / "last.ckpt", "/data/0")
+    with caplog.at_level(logging.WARNING, logger="arlopti.resume"):
+        assert resolve_ckpt_path("last", **where) == str(own / "last.ckpt.old")
+        assert resolve_ckpt_path("auto", **where) == str(own / "last.ckpt.old")
+    assert f"skipping damaged checkpoint {own / 'last.ckpt'}" in caplog.text
+    assert f"falling back to the newest intact checkpoint {own / 'last.ckpt.old'}" in caplog.text
+    flip_entry(own / "last.ckpt.old", "/data/1")
+    assert resolve_ckpt_path("last", **where) == str(earlier / "last.ckpt")  # an earlier run's
+    with pytest.raises(CheckpointError, match="ckpt_path=auto: every candidate checkpoint is damaged"):
+        resolve_ckpt_path("auto", **where)  # auto stays in this run's directory
+    flip_entry(earlier / "last.ckpt", "/data/0")
+    with pytest.raises(CheckpointError, match="ckpt_path=last: every candidate checkpoint is damaged"):
+        resolve_ckpt_path("last", **where)
+
+
+def test_a_flipped_distributed_shard_is_named(saved_ckpt, tmp_path):
+    """A distributed-checkpoint folder (one process here; 2 FSDP2 ranks in
+    tests/distributed/test_checkpoint_integrity.py) carries a sha256 manifest checked on load."""
+    import torch.distributed.checkpoint as dcp
+
+    from arlopti.resume import MANIFEST, write_manifest
+
+    folder = tmp_path / "last.ckpt"
+    ckpt = torch.load(saved_ckpt, weights_only=False)
+    with pytest.warns(UserWarning):
+        dcp.save({"state_dict": ckpt.pop("state_dict")}, checkpoint_id=str(folder))
+    torch.save({k: v for k, v in ckpt.items() if k != "optimizer_states"}, folder / "meta.pt")
+    write_manifest(folder)
+    assert (folder / MANIFEST).is_file() and validate_checkpoint(folder) == folder
+    shard = next(folder.glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 400):
+        data[i] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint file {shard} (holds state_dict.policy.")
+                       + r".*is corrupt: its sha256 differs"):
+        validate_checkpoint(folder)

@@ -9,7 +9,15 @@ rejects an unknown key or a value of the wrong type while composing, naming the 
 A field's ``metadata`` holds its one-line ``help`` and, where they apply, its allowed
 ``choices`` and its ``range`` (an interval such as ``"[0, 1]"`` or ``"(0, inf)"``).
 :func:`validate_run` checks those generically, then the cross-field rules (sizes dividing each
-other, …). Every error names the offending key. ``python train.py`` validates once, in
+other, …). Every error names the offending key.
+
+Types are checked from the field annotations, in two places, both generic (:func:`check_value`):
+:func:`check_overrides` checks each command-line ``key=value`` literal before Hydra composes
+(``train.py``), so that ``algorithm.lopti.enabled=no`` is an error rather than OmegaConf's ``False``;
+:func:`validate_run` checks the composed values (no ``inf``/``nan`` float unless the range allows it,
+tuple lengths, bools and ints). In YAML files, ``yes``/``no``/``on``/``off`` are YAML 1.1 booleans
+(the loader turns them into ``true``/``false`` before anything sees them); configs/ uses only
+``true``/``false`` (a test checks). ``python train.py`` validates once, in
 :func:`arlopti.train.build`, with the Trainer's real world size (:func:`validate_once`).
 
 A new option is a field here (default, help, choices or range) plus the code that reads it.
@@ -23,7 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Mapping
+import numbers
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 import warnings
 from dataclasses import InitVar, dataclass, field
 from typing import Any
@@ -41,6 +52,11 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Call
     a zero-argument callable returning either (for registries filled at import). ``range``: an
     interval, ``[``/``]`` closed, ``(``/``)`` open, ``inf`` unbounded. ``None`` passes both checks
     when the field's type allows it.
+
+    The field's type is checked too (:func:`check_value`): a ``bool`` takes only ``true``/``false``,
+    an ``int`` only an integer, a ``float`` only a finite number (``inf`` only where ``range`` is
+    closed at an infinite end, e.g. ``"[0, inf]"``; ``nan`` never), a ``tuple[float, float]`` exactly
+    two of them.
     """
     meta = {"help": help}
     if choices is not None:
@@ -396,7 +412,9 @@ def _member(value: Any, choices: dict) -> bool:
         return False
 
 
-def _check_field(key: str, f: dataclasses.Field, value: Any) -> None:
+def _check_field(key: str, f: dataclasses.Field, value: Any, hint: Any = None) -> None:
+    if hint is not None:
+        check_value(key, value, hint, f)
     if value is None and _nullable(f):
         return
     choices = field_choices(f)
@@ -418,13 +436,177 @@ def _check_field(key: str, f: dataclasses.Field, value: Any) -> None:
 
 
 def check_fields(cfg: Any, where: str = "") -> None:
-    """The ``choices`` and ``range`` of every field of dataclass ``cfg`` (recursively)."""
+    """The type (:func:`check_value`), ``choices`` and ``range`` of every field of dataclass ``cfg``
+    (recursively)."""
+    hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
             check_fields(value, _key(where, f.name))
         else:
-            _check_field(_key(where, f.name), f, value)
+            _check_field(_key(where, f.name), f, value, hints.get(f.name))
+
+
+# --------------------------------------------------------------------------------------------
+# Types, from the annotations
+# --------------------------------------------------------------------------------------------
+
+def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+    """``(T, True)`` for ``T | None`` / ``Optional[T]``, else ``(hint, False)``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1 and len(args) < len(typing.get_args(hint)):
+            return args[0], True
+    return hint, False
+
+
+def _inf_allowed(f: dataclasses.Field | None) -> tuple[bool, bool]:
+    """Whether ``-inf`` / ``+inf`` are allowed: only by a ``range`` closed at that infinite end."""
+    text = f.metadata.get("range") if f is not None else None
+    if not text:
+        return False, False
+    lo, hi, lo_closed, hi_closed = _interval(text)
+    return lo_closed and lo == -math.inf, hi_closed and hi == math.inf
+
+
+def _show(value: Any) -> str:
+    """A value as it would be written on the command line / in YAML."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)  # inf, nan, 0.5
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def expected_type(hint: Any, f: dataclasses.Field | None = None) -> str | None:
+    """What a field of type ``hint`` accepts, in words (None: a type not checked here, such as str)."""
+    base, nullable = _unwrap_optional(hint)
+    origin, args = typing.get_origin(base), typing.get_args(base)
+    if base is bool:
+        text = "a bool (true or false)"
+    elif base is int:
+        text = "an int"
+    elif base is float:
+        lo, hi = _inf_allowed(f)
+        if lo and hi:
+            text = "a float (not nan)"
+        else:
+            text = "a finite float" + (" or inf" if hi else " or -inf" if lo else "")
+    elif origin is tuple and args and args[-1] is not Ellipsis and all(a in (bool, int, float) for a in args):
+        names = {a.__name__ for a in args}
+        what = f"{names.pop()}s" if len(names) == 1 else "values " + ", ".join(a.__name__ for a in args)
+        text = f"a list of exactly {len(args)} {what}"
+    else:
+        return None
+    return text + (", or null" if nullable else "")
+
+
+def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field | None = None) -> None:
+    """Raise :class:`ConfigError` ``"<key>=<value>: expected <type>"`` unless ``value`` fits the field
+    type ``hint``: ``bool`` (a real bool, not ``"no"``, ``1``), ``int`` (not a bool, not ``4.5``),
+    ``float`` (a number, not a bool; finite unless the field's ``range`` is closed at an infinite end;
+    never ``nan``), ``tuple[float, float]`` (exactly that many, each checked), each optionally
+    ``| None``. Other types (str, lists of str, dataclasses) are left to Hydra and the choices."""
+    base, nullable = _unwrap_optional(hint)
+    expected = expected_type(hint, f)
+    if expected is None:
+        return
+
+    def fail() -> typing.NoReturn:
+        raise ConfigError(f"{key}={_show(value)}: expected {expected}")
+
+    if value is None:
+        if not nullable:
+            fail()
+        return
+    origin, args = typing.get_origin(base), typing.get_args(base)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            fail()
+        for i, (item, item_type) in enumerate(zip(value, args)):
+            try:
+                check_value(f"{key}[{i}]", item, item_type, f)
+            except ConfigError:
+                fail()
+        return
+    if isinstance(value, bool) != (base is bool):
+        fail()
+    if base is int and not isinstance(value, numbers.Integral):
+        fail()
+    if base is float:
+        if not isinstance(value, numbers.Real):
+            fail()
+        lo, hi = _inf_allowed(f)
+        if math.isnan(value) or (value == math.inf and not hi) or (value == -math.inf and not lo):
+            fail()
+
+
+def field_types(cls: type = RunConfig, where: str = "") -> Iterator[tuple[str, dataclasses.Field, Any]]:
+    """``(dotted key, field, type hint)`` of every field of ``cls``, nested dataclasses included
+    (their own key first, then their fields)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        yield _key(where, f.name), f, hints[f.name]
+        default = _default(f)
+        if dataclasses.is_dataclass(default):
+            yield from field_types(type(default), _key(where, f.name))
+
+
+def _interpolated(value: Any) -> bool:
+    """Whether a parsed override value holds an interpolation (``${...}``), in a list too."""
+    if isinstance(value, (list, tuple)):
+        return any(_interpolated(v) for v in value)
+    return isinstance(value, str) and "${" in value
+
+
+def check_overrides(overrides: Sequence[str], cls: type = RunConfig) -> None:
+    """Check Hydra command-line overrides (``key=value``, ``+key=value``, ``++key=value``) against
+    the types of the fields they set, before OmegaConf converts them: ``algorithm.lopti.enabled=no``
+    would otherwise arrive as ``False``, ``optim.lr=inf`` as ``inf``. Raises :class:`ConfigError`
+    naming the key, the value and the expected type (:func:`check_value`).
+
+    Only keys of ``cls`` (the run config's groups) are checked; group choices (``algorithm=lopti``),
+    deletions, interpolations (``${...}``) and other keys (``trainer.*``, ``data.*``, ``hydra.*``)
+    pass, as do overrides Hydra's parser cannot read (Hydra reports those itself). In a
+    ``--multirun`` choice sweep (``key=a,b``) every choice is checked."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ChoiceSweep
+
+    fields_by_key = {key: (f, hint) for key, f, hint in field_types(cls)}
+    parser = OverridesParser.create()
+    for line in overrides:
+        try:
+            (override,) = parser.parse_overrides([line])
+        except Exception:  # noqa: BLE001 - a syntax error: Hydra names it itself
+            continue
+        if override.is_delete() or override.package is not None:
+            continue
+        entry = fields_by_key.get(override.key_or_group)
+        if entry is None:
+            continue
+        f, hint = entry
+        value = override.value()
+        if override.is_sweep_override():
+            if not isinstance(value, ChoiceSweep):
+                continue  # range / interval / glob sweeps: numbers by construction
+            values = list(value.list)
+        else:
+            values = [value]
+        for v in values:
+            if _interpolated(v):
+                continue  # checked after composition (validate_run)
+            if expected_type(hint, f) is None:
+                continue
+            try:
+                check_value(override.key_or_group, v, hint, f)
+            except ConfigError:
+                text = line.split("=", 1)[1] if not override.is_sweep_override() else _show(v)
+                raise ConfigError(f"{override.key_or_group}={text}: expected {expected_type(hint, f)} "
+                                  "(command-line override)") from None
 
 
 def _require(cond: bool, msg: str) -> None:

@@ -8,8 +8,16 @@ A suite config (``configs/eval/*.yaml``) names a task and its sets:
 
 plus the sampling: either ``modes: [{name, temperature, top_p, top_k, n}, ...]`` or the flat
 ``samples_per_problem / temperature / top_p / top_k`` of one mode, and ``max_new_tokens``,
-``limit``. The results (metrics of :mod:`arlopti.eval.runner`, the config and the model) are
-written as JSON and printed as a table.
+``limit`` (null = every problem; 0 is an error). The results (metrics of
+:mod:`arlopti.eval.runner`, the config and the model) are written as JSON and printed as a table.
+
+The model: ``ckpt_path`` (a training checkpoint file / FSDP2 folder, a training run directory, or
+``last``), else the ``model`` config. ``ckpt_path=last`` means what it means in ``train.py``: the
+newest intact ``last.ckpt`` of the training run ``logs/<train_task>/<train_run>/<time>/``
+(``train_task`` = the experiment's ``task_name``, e.g. ``kk_lopti``; ``train_run`` = its
+``run_name``, e.g. ``e0.5_s42``, which may be left out when ``logs/<train_task>`` holds one run
+name). Weights that are not finite (a diverged run) are refused, naming the checkpoint and the
+first bad tensor; a suite with no problems (an empty set, ``limit=0``) is an error.
 """
 
 from __future__ import annotations
@@ -60,7 +68,7 @@ def suite_records(suite: dict) -> dict[str, list[PromptRecord]]:
                     "eval.data_dir at the official K&K test sets or a `python -m arlopti.data.prepare kk` output")
             path = tests[n]
             rows = read_records(path)
-            rows = rows[:limit] if limit else rows
+            rows = rows[:limit] if limit is not None else rows
             recs = []
             for i, (where, row) in enumerate(rows):
                 p = Puzzle.from_record(row, source=where)
@@ -72,21 +80,76 @@ def suite_records(suite: dict) -> dict[str, list[PromptRecord]]:
     return out
 
 
-def load_model_for_eval(cfg: DictConfig):
-    """(PolicyLM, tokenizer) from ``ckpt_path`` (a training checkpoint) or the ``model`` config."""
+def load_model_for_eval(cfg: DictConfig, ckpt: str | None = None):
+    """(PolicyLM, tokenizer) from ``ckpt`` (default: :func:`eval_ckpt_path`, a training
+    checkpoint) or the ``model`` config."""
     from arlopti.config import ModelConfig, from_dict
     from arlopti.learner.policy import PolicyLM
     from arlopti.models import load_causal_lm, load_tokenizer
 
     m = from_dict(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
-    if cfg.get("ckpt_path"):
+    ckpt = ckpt or eval_ckpt_path(cfg)
+    if ckpt:
         from arlopti.export import load_policy_from_checkpoint
 
-        hf, tok = load_policy_from_checkpoint(cfg.ckpt_path)
+        hf, tok = load_policy_from_checkpoint(ckpt)
+        check_finite_weights(hf, f"checkpoint {ckpt}")
     else:
         tok = load_tokenizer(m.name_or_path, m.tiny.vocab_size)
         hf = load_causal_lm(m.name_or_path, tok, dtype=m.dtype, tiny=m.tiny)
+        check_finite_weights(hf, f"model {m.name_or_path}")
     return PolicyLM(hf, m.logprob_impl), tok
+
+
+def eval_ckpt_path(cfg: DictConfig) -> str | None:
+    """The checkpoint ``ckpt_path`` names (None: evaluate the ``model`` config).
+
+    ``last``: the newest intact ``last.ckpt`` of the training run ``train_task`` / ``train_run``
+    (:func:`arlopti.resume.resolve_ckpt_path`, as ``train.py`` resolves it); without
+    ``train_task``, a ``task_name`` / ``run_name`` other than eval's own are taken as the
+    training run's. Otherwise a checkpoint file / folder or a run directory, as given."""
+    from arlopti.resume import resolve_ckpt_path
+
+    ckpt = cfg.get("ckpt_path")
+    if ckpt in (None, ""):
+        return None
+    if str(ckpt) == "auto":
+        raise ValueError("eval: ckpt_path=auto has no meaning here (eval writes no checkpoints); use "
+                         "ckpt_path=last with train_task=<the experiment's task_name>, or a checkpoint path")
+    if str(ckpt) != "last":
+        return str(ckpt)
+    log_dir = Path(cfg.paths.log_dir)
+    task = cfg.get("train_task") or (cfg.task_name if cfg.get("task_name") not in (None, "eval") else None)
+    if not task:
+        raise ValueError("eval: ckpt_path=last needs the training run: pass "
+                         "train_task=<the experiment's task_name> (e.g. train_task=kk_lopti) and, when logs/<train_task> holds several runs, "
+                         f"train_run=<its run_name> (runs are under {log_dir}/<task_name>/<run_name>/<time>)")
+    own_run_names = (None, "eval", (cfg.get("eval") or {}).get("name"))  # eval's own folder, not a training run
+    run = cfg.get("train_run") or (cfg.get("run_name") if cfg.get("train_task") is None and cfg.get("run_name")
+                                   not in own_run_names else None)
+    if not run:
+        names = sorted(d.name for d in (log_dir / str(task)).glob("*") if any(d.glob("*/checkpoints")))
+        if len(names) != 1:
+            raise ValueError(f"eval: ckpt_path=last train_task={task}: {log_dir / str(task)} holds "
+                             f"{'no training runs' if not names else 'the runs ' + ', '.join(names)}; "
+                             "pass train_run=<run_name>" + ("" if not names else " (one of those)"))
+        run = names[0]
+    path = resolve_ckpt_path("last", output_dir=None, log_dir=log_dir, task_name=str(task), run_name=str(run))
+    log.info("ckpt_path=last: evaluating %s (train_task=%s, train_run=%s)", path, task, run)
+    return path
+
+
+def check_finite_weights(model, what: str) -> None:
+    """Refuse a model with NaN / inf weights: it would score every response as garbage with no
+    warning. The error names ``what`` (the checkpoint) and the first bad tensor."""
+    import torch
+
+    for name, t in model.state_dict().items():
+        if torch.is_floating_point(t) and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise ValueError(f"{what} holds non-finite weights: first bad tensor {name!r} ({bad} of {t.numel()} "
+                             "values NaN/inf); the run diverged or the file is corrupt. Evaluate an earlier "
+                             "checkpoint.")
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -95,11 +158,22 @@ def evaluate(cfg: DictConfig) -> dict:
     from arlopti.tasks.base import check_task_options, get_task
 
     suite = OmegaConf.to_container(cfg.eval, resolve=True)
-    policy, tok = load_model_for_eval(cfg)
-    records = suite_records(suite)
+    limit = suite.get("limit")
+    if limit is not None and int(limit) < 1:
+        raise ValueError(f"eval.limit={limit}: evaluate at least one problem per set (null = all of them)")
+    records = suite_records(suite)  # before the model: a bad suite fails fast
+    empty = [name for name, recs in records.items() if not recs]
+    if not records or empty:
+        raise ValueError(f"eval suite {suite.get('name', suite['task'])!r} has nothing to evaluate: "
+                         + (f"set(s) {empty} hold no problems" if empty else "it names no sets"))
+    ckpt = eval_ckpt_path(cfg)
+    policy, tok = load_model_for_eval(cfg, ckpt)
     sets: dict[str, list[PromptSample]] = {}
     for name, recs in records.items():
         sets[name], dropped = tokenize_records(recs, tok, int(suite.get("max_prompt_length", 4096)), name)
+        if not sets[name]:
+            raise ValueError(f"eval set {name!r}: all {len(recs)} prompts are longer than "
+                             f"eval.max_prompt_length={suite.get('max_prompt_length', 4096)}")
     rollout = from_dict(RolloutConfig, OmegaConf.to_container(cfg.rollout, resolve=True), "rollout")
 
     class _Holder:  # what build_engine reads off a module
@@ -124,7 +198,10 @@ def evaluate(cfg: DictConfig) -> dict:
         for t in tasks.values():
             t.close()
         engine.close()
-    report = {"suite": suite, "model": cfg.get("ckpt_path") or cfg.model.name_or_path, "tasks": task_options,
+    from arlopti.eval.runner import mean_sets
+
+    report = {"suite": suite, "model": ckpt or cfg.model.name_or_path, "tasks": task_options,
+              "mean_over": mean_sets(results),
               "metrics": metrics,
               "sets": [{"name": r.name, "mode": r.mode, "problems": r.problems, "n": r.n, "samples": r.samples}
                        for r in results]}

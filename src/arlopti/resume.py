@@ -14,9 +14,14 @@ there, a file or, under FSDP2, a distributed-checkpoint folder with a ``meta.pt`
 * a run directory: its ``checkpoints/last.ckpt``;
 * a checkpoint file or FSDP2 checkpoint folder: itself.
 
-Wherever ``last.ckpt`` is looked for, a ``last.ckpt.old`` left by a save interrupted mid-rename
-counts too (:func:`last_in`). The result is checked to be complete (:func:`validate_checkpoint`:
-a truncated file or shard is named, without loading any weight). Rank 0's answer for ``last`` is
+Wherever ``last.ckpt`` is looked for, ``last.ckpt.old`` (the previous verified save, kept beside
+it) counts too (:func:`last_in`). The result is checked to be complete and intact
+(:func:`validate_checkpoint`, without loading any weight): a truncated file or shard is named, and
+so is a damaged one - a single file's zip entries are checked against their CRC-32 (torch writes
+one per tensor blob), a distributed folder's files against the sha256 manifest
+(``arlopti-manifest.json``) written when it was saved. With ``last`` and ``auto`` a damaged
+checkpoint is skipped, with a warning, for the newest intact one (``last.ckpt.old``, or an
+earlier run's); an explicit path that is damaged is an error. Rank 0's answer for ``last`` is
 exported as ``ARLOPTI_RESOLVED_CKPT``, so that the ranks Lightning launches from it resume from
 the same checkpoint rather than search again (a rank could otherwise find a checkpoint written
 since). Nothing here needs Hydra: the caller passes the directories as values
@@ -25,8 +30,11 @@ since). Nothing here needs Hydra: the caller passes the directories as values
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import time
 import zipfile
 from pathlib import Path
 
@@ -34,6 +42,7 @@ log = logging.getLogger(__name__)
 
 LAST = "last.ckpt"
 META = "meta.pt"  # Lightning's metadata file inside a distributed-checkpoint folder
+MANIFEST = "arlopti-manifest.json"  # sha256 of every file of a distributed-checkpoint folder
 # rank 0's answer for ckpt_path=last, inherited by the ranks it launches
 RESOLVED_ENV = "ARLOPTI_RESOLVED_CKPT"
 
@@ -43,12 +52,39 @@ class CheckpointError(RuntimeError):
 
 
 def last_in(checkpoints: Path) -> Path | None:
-    """``checkpoints/last.ckpt``, else the ``last.ckpt.old`` a save interrupted mid-rename left."""
+    """``checkpoints/last.ckpt``, else ``last.ckpt.old`` (the previous save, which every save keeps;
+    alone when a save was interrupted mid-rename). Does not check either: see :func:`last_candidates`."""
     for name in (LAST, LAST + ".old"):
         p = Path(checkpoints) / name
         if p.is_file() or (p.is_dir() and (p / META).is_file()):
             return p
     return None
+
+
+def last_candidates(checkpoints: Path) -> list[Path]:
+    """``checkpoints/last.ckpt`` and ``last.ckpt.old``, those that exist, newest save first."""
+    out = []
+    for name in (LAST, LAST + ".old"):
+        p = Path(checkpoints) / name
+        if p.is_file() or (p.is_dir() and (p / META).is_file()):
+            out.append(p)
+    return out
+
+
+def last_checkpoint_candidates(output_dir: str | Path | None, log_dir: str | Path, task_name: str,
+                               run_name: str) -> list[Path]:
+    """Every checkpoint ``ckpt_path=last`` may use, in order of preference: this run's
+    ``last.ckpt`` and ``last.ckpt.old``, then those of the earlier runs of the same ``task_name``
+    and ``run_name``, most recently written first (:func:`find_last_checkpoint` is the first)."""
+    own_dir = Path(output_dir) / "checkpoints" if output_dir is not None else None
+    own = last_candidates(own_dir) if own_dir is not None else []
+    runs = Path(log_dir) / str(task_name) / str(run_name)
+    others = [p for d in runs.glob("*/checkpoints") if own_dir is None or d.resolve() != own_dir.resolve()
+              for p in last_candidates(d)]
+    # each run's last.ckpt before its .old, then the runs newest first
+    others.sort(key=lambda p: (_written_at(p.parent / LAST) if (p.parent / LAST).exists() else _written_at(p),
+                               p.name == LAST), reverse=True)
+    return own + others
 
 
 def find_last_checkpoint(output_dir: str | Path | None, log_dir: str | Path, task_name: str,
@@ -85,26 +121,47 @@ def resolve_ckpt_path(ckpt_path: str | Path | None, *, output_dir: str | Path | 
         return None
     ckpt_path = str(ckpt_path)
     if ckpt_path == "auto":
-        path = last_in(Path(output_dir) / "checkpoints") if output_dir is not None else None
-        if path is None:
+        found = last_candidates(Path(output_dir) / "checkpoints") if output_dir is not None else []
+        if not found:
             log.info("ckpt_path=auto: no checkpoint in this run directory; starting from scratch")
             return None
+        path = _first_intact(found, "auto")
     elif ckpt_path == "last":
         inherited = os.environ.get(RESOLVED_ENV)
         if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
             return inherited  # a rank Lightning started: use what rank 0 found, not a fresh search
-        path = find_last_checkpoint(output_dir, log_dir, task_name, run_name)
-        if path is None:
+        found = last_checkpoint_candidates(output_dir, log_dir, task_name, run_name)
+        if not found:
             own = f"{output_dir}/checkpoints" if output_dir is not None else "<this run>/checkpoints"
             raise FileNotFoundError(
                 f"ckpt_path=last: no last.ckpt under {own} nor under any earlier run of "
                 f"task_name={task_name}, run_name={run_name} in {log_dir}/{task_name}/{run_name}; "
                 "pass an explicit ckpt_path")
+        path = _first_intact(found, "last")
     else:
         path = _named_checkpoint(ckpt_path)
-    validate_checkpoint(path)
+        validate_checkpoint(path)
     os.environ[RESOLVED_ENV] = str(path)
     return str(path)
+
+
+def _first_intact(candidates: list[Path], setting: str) -> Path:
+    """The first of ``candidates`` that :func:`validate_checkpoint` accepts; each damaged one is
+    logged as skipped. All damaged: a :class:`CheckpointError` listing them."""
+    errors = []
+    for i, p in enumerate(candidates):
+        try:
+            validate_checkpoint(p)
+        except CheckpointError as err:
+            errors.append(str(err))
+            nxt = candidates[i + 1] if i + 1 < len(candidates) else None
+            log.warning("ckpt_path=%s: skipping damaged checkpoint %s (%s); %s", setting, p, err,
+                        f"falling back to {nxt}" if nxt is not None else "no other checkpoint to fall back to")
+            continue
+        if errors:
+            log.warning("ckpt_path=%s: falling back to the newest intact checkpoint %s", setting, p)
+        return p
+    raise CheckpointError(f"ckpt_path={setting}: every candidate checkpoint is damaged:\n  " + "\n  ".join(errors))
 
 
 def _named_checkpoint(ckpt_path: str) -> Path:
@@ -121,20 +178,36 @@ def _named_checkpoint(ckpt_path: str) -> Path:
     return path
 
 
-def validate_checkpoint(path: str | Path) -> Path:
-    """Check that ``path`` is a complete checkpoint (file or distributed folder) without loading weights.
+# (path, size, mtime_ns) of checkpoints verified in this process: each is read in full only once
+_VERIFIED: set[tuple] = set()
 
-    Raises :class:`CheckpointError` naming the offending file: a truncated or non-zip file, a
-    folder without its metadata, or a shard shorter than its metadata says.
+
+def validate_checkpoint(path: str | Path) -> Path:
+    """Check that ``path`` is a complete, intact checkpoint (file or distributed folder) without
+    loading weights (it reads every byte once per process: a few seconds per GB).
+
+    Raises :class:`CheckpointError` naming the offending file: a truncated or non-zip file, a zip
+    entry (a tensor blob) whose bytes fail its CRC-32, a folder without its metadata, a shard
+    shorter than its metadata says, or a file of a folder whose sha256 differs from its manifest.
     """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    key = _identity(path)
+    if key in _VERIFIED:
+        return path
     if path.is_file():
         _check_file(path)
     else:
         _check_folder(path)
+    if time.time() - max(t for *_, t in key[1:]) / 1e9 > 2:  # not written just now (mtime granularity)
+        _VERIFIED.add(key)
     return path
+
+
+def _identity(path: Path) -> tuple:
+    files = [path] if path.is_file() else sorted(f for f in path.iterdir() if f.is_file())
+    return (str(path.resolve()),) + tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files)
 
 
 def _check_file(path: Path) -> None:
@@ -146,6 +219,75 @@ def _check_file(path: Path) -> None:
                               f"by a crash during a save: use an earlier checkpoint (e.g. {LAST}.old)") from err
     if not any(n.endswith("data.pkl") for n in names):
         raise CheckpointError(f"checkpoint file {path} is a zip archive but not a torch checkpoint")
+    _check_crcs(path)
+
+
+def _check_crcs(path: Path) -> None:
+    """Read every zip entry against the CRC-32 torch wrote for it (``torch.load`` does not check)."""
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            try:
+                with z.open(info) as f:
+                    while f.read(1 << 24):
+                        pass
+            except (zipfile.BadZipFile, OSError, EOFError) as err:
+                raise CheckpointError(
+                    f"checkpoint file {path} is corrupt: entry {info.filename!r}{_entry_key(path, info.filename)} "
+                    f"fails its integrity check ({err}); its bytes changed after the save. Use an earlier "
+                    f"checkpoint (e.g. {LAST}.old)") from err
+
+
+def _entry_key(path: Path, entry: str) -> str:
+    """`` (tensor <key>)``: which tensor of the checkpoint a damaged ``.../data/<n>`` entry holds,
+    from the pickle (never loads a tensor); empty when it cannot tell."""
+    import io
+    import pickle
+
+    storage = entry.rsplit("/", 1)[-1]
+    if "/data/" not in entry:
+        return ""
+    try:
+        with zipfile.ZipFile(path) as z:
+            pkl = next(n for n in z.namelist() if n.endswith("data.pkl"))
+            raw = z.read(pkl)
+    except Exception:
+        return ""
+    found: list[str] = []
+
+    class _Key:  # stands for a storage: remembers its key
+        def __init__(self, key):
+            self.key = key
+
+    class _Unpickler(pickle.Unpickler):
+        def find_class(self, module, name):
+            if name.startswith("_rebuild_"):
+                return lambda storage, *a, **k: storage
+            try:
+                return super().find_class(module, name)
+            except Exception:
+                return lambda *a, **k: None
+
+        def persistent_load(self, pid):
+            return _Key(str(pid[2]))
+
+    try:
+        obj = _Unpickler(io.BytesIO(raw)).load()
+    except Exception:
+        return ""
+
+    def walk(o, prefix):
+        if isinstance(o, _Key):
+            if o.key == storage:
+                found.append(prefix)
+        elif isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, f"{prefix}.{k}" if prefix else str(k))
+        elif isinstance(o, (list, tuple)):
+            for i, v in enumerate(o):
+                walk(v, f"{prefix}[{i}]")
+
+    walk(obj, "")
+    return f" (tensor {', '.join(found[:3])})" if found else ""
 
 
 def _check_folder(path: Path) -> None:
@@ -171,7 +313,45 @@ def _check_folder(path: Path) -> None:
         if f.stat().st_size < size:
             raise CheckpointError(f"checkpoint shard {f} is truncated ({f.stat().st_size} bytes, its metadata "
                                   f"needs {size}); use an earlier checkpoint")
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        log.warning("checkpoint folder %s has no %s (saved before integrity manifests): its shards' contents "
+                    "are not verified", path, MANIFEST)
+        return
+    try:
+        expected = json.loads(manifest.read_text())["sha256"]
+    except Exception as err:
+        raise CheckpointError(f"checkpoint folder {path}: {manifest} is unreadable ({err})") from err
+    for rel, digest in sorted(expected.items()):
+        f = path / rel
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint folder {path}: {f} (listed in {MANIFEST}) is missing")
+        if sha256_of(f) != digest:
+            held = sorted({k.fqn for k, info in (metadata.storage_data or {}).items()
+                           if getattr(info, "relative_path", None) == rel})
+            what = f" (holds {', '.join(held[:3])}{', ...' if len(held) > 3 else ''})" if held else ""
+            raise CheckpointError(f"checkpoint file {f}{what} is corrupt: its sha256 differs from the one in "
+                                  f"{MANIFEST}; its bytes changed after the save. Use an earlier checkpoint "
+                                  f"(e.g. {LAST}.old)")
 
 
-__all__ = ["LAST", "META", "RESOLVED_ENV", "CheckpointError", "find_last_checkpoint", "last_in",
-           "resolve_ckpt_path", "validate_checkpoint"]
+def sha256_of(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(folder: str | Path) -> Path:
+    """Write ``arlopti-manifest.json`` (sha256 of every other file) into a checkpoint folder."""
+    folder = Path(folder)
+    digests = {f.name: sha256_of(f) for f in sorted(folder.iterdir()) if f.is_file() and f.name != MANIFEST}
+    out = folder / MANIFEST
+    out.write_text(json.dumps({"sha256": digests}, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+__all__ = ["LAST", "MANIFEST", "META", "RESOLVED_ENV", "CheckpointError", "find_last_checkpoint", "last_candidates",
+           "last_checkpoint_candidates", "last_in", "resolve_ckpt_path", "sha256_of", "validate_checkpoint",
+           "write_manifest"]

@@ -82,19 +82,30 @@ def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig | None) -> str | No
                    run_name=cfg.run_name)
 
 
-def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False) -> None:
-    """Refuse a checkpoint whose saved run config differs from ``run`` (lists every differing key)."""
+def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False, data: dict | None = None) -> None:
+    """Refuse a checkpoint whose saved run config differs from ``run`` (lists every differing key),
+    or whose saved data identity (``hyper_parameters.data``, :func:`data_signature`) differs from
+    ``data``: resuming K&K weights and sampler state for math training is a mismatch too. A
+    checkpoint saved before the data identity was recorded is resumed with a warning."""
     from dataclasses import asdict
 
     from arlopti.callbacks.checkpointing import config_mismatches, load_checkpoint_metadata
 
     meta = load_checkpoint_metadata(ckpt)
-    saved = (meta.get("hyper_parameters") or {}).get("run")
+    hparams = meta.get("hyper_parameters") or {}
+    saved = hparams.get("run")
     if saved is None:
         raise ConfigError(f"checkpoint {ckpt} has no saved run config (hyper_parameters.run): not an arlopti "
                           "training checkpoint")
     # an older checkpoint: keys removed since are ignored, keys added since compare as their default
     diffs = config_mismatches(saved_run_as_current(saved), asdict(run))
+    if data is not None:
+        saved_data = hparams.get("data")
+        if saved_data is None:
+            log.warning("checkpoint %s records no data config (saved before it was recorded): cannot check that "
+                        "it was trained on the same data (%s)", ckpt, data.get("_target_"))
+        else:
+            diffs += config_mismatches({"data": dict(saved_data)}, {"data": dict(data)})
     if not diffs:
         return
     listing = "\n  ".join(diffs)
@@ -104,6 +115,47 @@ def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False) -> Non
     raise ConfigError(f"checkpoint {ckpt} was saved with a different config:\n  {listing}\n"
                       "Resume with the same settings, or pass allow_config_mismatch=true to resume anyway "
                       "(model.* differences will still fail to load).")
+
+
+#: The keys of a ``data`` config that say which data a run trains on (its identity; sizes, limits
+#: and validation settings are left out): recorded in checkpoints and compared on resume.
+DATA_IDENTITY_KEYS = ("_target_", "source", "generator_seed", "data_dir", "train_file", "dataset_name",
+                      "template", "train_people")
+
+
+def data_signature(data_cfg) -> dict:
+    """The identity of a ``data`` config (:data:`DATA_IDENTITY_KEYS` that it sets, resolved)."""
+    if data_cfg is None:
+        return {}
+    d = OmegaConf.to_container(data_cfg, resolve=True) if isinstance(data_cfg, DictConfig) else dict(data_cfg)
+    return {k: (list(d[k]) if isinstance(d[k], (list, tuple)) else d[k]) for k in DATA_IDENTITY_KEYS if k in d}
+
+
+def finished_reason(ckpt: str, rollout_steps: int | None, max_epochs: int | None) -> str | None:
+    """Why a run resumed from ``ckpt`` would have nothing left to do, or None.
+
+    Done = the checkpoint's ``arlopti.rollout_step`` >= ``rollout_steps``, or its epochs >=
+    ``max_epochs`` (completed epochs, plus the current one when the checkpoint was saved on that
+    epoch's last batch, as the final save is). Lightning's stop check only runs after a step, so
+    resuming such a run would otherwise train one more step and save it.
+    """
+    from arlopti.callbacks.checkpointing import load_checkpoint_metadata
+
+    meta = load_checkpoint_metadata(ckpt)
+    step = int((meta.get("arlopti") or {}).get("rollout_step", 0))
+    if rollout_steps is not None and step >= int(rollout_steps):
+        return f"checkpoint is at rollout step {step} and rollout_steps={rollout_steps}"
+    if max_epochs is not None and int(max_epochs) >= 0:
+        fit = (meta.get("loops") or {}).get("fit_loop") or {}
+        epochs = int(((fit.get("epoch_progress") or {}).get("current") or {}).get("completed", 0))
+        batches = fit.get("epoch_loop.batch_progress") or {}
+        current = batches.get("current") or {}
+        if batches.get("is_last_batch") and current.get("processed", 0) >= max(1, current.get("ready", 0)):
+            epochs = max(epochs, int(meta.get("epoch", epochs)) + 1)
+        if epochs >= int(max_epochs):
+            return (f"checkpoint has finished {epochs} epoch(s) (rollout step {step}) and "
+                    f"trainer.max_epochs={max_epochs}")
+    return None
 
 
 def _check_strategy(trainer, module, run) -> None:
@@ -137,22 +189,33 @@ def build(cfg: DictConfig):
     tokenizer = load_tokenizer(run.model.name_or_path, run.model.tiny.vocab_size)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer)
     module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"),
-                        task_options=task_options)
+                        task_options=task_options, data_signature=data_signature(cfg.get("data")))
     _check_strategy(trainer, module, run)
     return trainer, module, datamodule
 
 
 def train(cfg: DictConfig) -> dict:
-    """Fit and return the summary dict (also written to ``<output_dir>/summary.json``)."""
+    """Fit and return the summary dict (also written to ``<output_dir>/summary.json``).
+
+    A resume from a checkpoint that already reached ``rollout_steps`` or ``trainer.max_epochs``
+    builds and trains nothing: it logs why and returns ``{"finished": <reason>, ...}``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    trainer, module, datamodule = build(cfg)
     ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), cfg)
     if ckpt is not None:
-        check_resume_compatible(ckpt, module.cfg, bool(cfg.get("allow_config_mismatch", False)))
+        reason = finished_reason(ckpt, cfg.get("rollout_steps"), (cfg.get("trainer") or {}).get("max_epochs"))
+        if reason is not None:
+            log.info("nothing to do: %s is already finished (%s); no step is run and no checkpoint written. "
+                     "Raise rollout_steps / trainer.max_epochs to train further.", ckpt, reason)
+            return {"summary": {}, "trainer": None, "module": None, "finished": reason, "ckpt_path": ckpt}
+    trainer, module, datamodule = build(cfg)
+    if ckpt is not None:
+        check_resume_compatible(ckpt, module.cfg, bool(cfg.get("allow_config_mismatch", False)),
+                                data=data_signature(cfg.get("data")))
         log.info("resuming from %s", ckpt)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
     summary = next((cb.summary(module) for cb in trainer.callbacks if hasattr(cb, "summary")), {})
     return {"summary": summary, "trainer": trainer, "module": module}
 
 
-__all__ = ["ConfigError", "build", "check_resume_compatible", "resolve_ckpt_path", "run_config", "train"]
+__all__ = ["ConfigError", "build", "check_resume_compatible", "data_signature", "finished_reason",
+           "resolve_ckpt_path", "run_config", "train"]

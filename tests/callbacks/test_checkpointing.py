@@ -9,7 +9,11 @@ In-process (tiny model, toy task, the real HF engine):
 * a SIGTERM during a step: the step finishes, ``last.ckpt`` is written, training stops;
 * top-k by a monitored metric keeps the k best files;
 * a config mismatch, and weights of another model (truncated files and shards and the
-  ``ckpt_path`` resolution are in tests/test_resume.py).
+  ``ckpt_path`` resolution are in tests/test_resume.py);
+* integrity: bytes flipped in ``last.ckpt``'s ``exp_avg_sq`` are named (file, zip entry, tensor),
+  ``ckpt_path=last`` falls back to the kept ``last.ckpt.old`` and the resumed run replaces the
+  damaged file; a save that fails its verification replaces nothing (non-finite states:
+  tests/learner/test_poisoned_weights.py).
 
 Through ``python train.py`` subprocesses (``slow``): SIGTERM exits with status 0 after saving,
 ``kill -9`` during a step loses only the steps since the last checkpoint, and the resumed runs
@@ -262,3 +266,66 @@ def test_sigterm_exits_cleanly_and_kill_9_loses_only_uncheckpointed_steps(tmp_pa
     print(f"SIGTERM: exit 0 with last.ckpt at step {s1}; kill -9 after the step-{logged} save: newest complete "
           f"checkpoint step {s2}; the resumed run saved steps {saved}")
     assert ckpt_step(tmp_path / "logs/train/s42_smoke/run3/checkpoints" / "last.ckpt") == 6
+
+
+# ---- integrity (issue 14, row 3) ----------------------------------------------------------------------------------
+
+
+def flip_tensor_blob(path: Path, tensor: torch.Tensor, n: int = 400) -> str:
+    """Invert ``n`` bytes inside the zip entry holding ``tensor``'s bytes (torch stores entries
+    uncompressed); returns the entry's name."""
+    import struct
+    import zipfile
+
+    want = tensor.numpy().tobytes()
+    with zipfile.ZipFile(path) as z:
+        info = next(i for i in z.infolist() if "/data/" in i.filename and z.read(i) == want)
+    data = bytearray(path.read_bytes())
+    h = info.header_offset
+    name_len, extra_len = struct.unpack("<HH", data[h + 26:h + 30])
+    start = h + 30 + name_len + extra_len + max(0, info.file_size // 2 - n // 2)
+    for i in range(start, start + min(n, info.file_size)):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return info.filename
+
+
+def test_a_damaged_last_ckpt_is_named_and_last_falls_back_to_the_previous_one(tiny_tokenizer, tmp_path, caplog,
+                                                                              monkeypatch):
+    import logging
+
+    from arlopti.callbacks.checkpointing import save_atomic
+    from arlopti.resume import CheckpointError, resolve_ckpt_path, validate_checkpoint
+
+    monkeypatch.delenv("ARLOPTI_RESOLVED_CKPT", raising=False)
+    ckpt_dir = tmp_path / "checkpoints"
+    run(tiny_tokenizer, 2, ckpt_dir)
+    last, old = ckpt_dir / "last.ckpt", ckpt_dir / "last.ckpt.old"
+    assert ckpt_step(last) == 2 and ckpt_step(old) == 1  # the previous verified save is kept
+    saved = torch.load(last, map_location="cpu", weights_only=False)
+    idx, state = next(iter(saved["optimizer_states"][0]["state"].items()))
+    entry = flip_tensor_blob(last, state["exp_avg_sq"])
+    with pytest.raises(CheckpointError, match=re.escape(f"checkpoint file {last} is corrupt: entry '{entry}' (tensor "
+                                                        f"optimizer_states[0].state.{idx}.exp_avg_sq)")):
+        validate_checkpoint(last)
+    with pytest.raises(CheckpointError, match="is corrupt"):
+        load_checkpoint_metadata(last)
+    with caplog.at_level(logging.WARNING, logger="arlopti.resume"):
+        found = resolve_ckpt_path("last", output_dir=tmp_path, log_dir=tmp_path / "logs", task_name="t", run_name="r")
+    assert found == str(old) and f"falling back to the newest intact checkpoint {old}" in caplog.text
+
+    # resuming from it overwrites the damaged last.ckpt with a verified one
+    module, _, _ = run(tiny_tokenizer, 3, ckpt_dir, ckpt_path=found)
+    assert module.rollout_step == 3 and ckpt_step(last) == 3 and validate_checkpoint(last) == last
+
+    # a save that fails its verification replaces nothing
+    good = last.read_bytes()
+    module, _, ckpt = run(tiny_tokenizer, 3, tmp_path / "other")
+
+    def broken(p):
+        raise CheckpointError(f"checkpoint file {p} is corrupt: entry 'x' fails its integrity check")
+
+    monkeypatch.setattr("arlopti.callbacks.checkpointing.validate_checkpoint", broken)
+    with pytest.raises(CheckpointError, match=r"failed its verification, .*last.ckpt is left as it was"):
+        save_atomic(module.trainer, last)
+    assert last.read_bytes() == good and not last.with_name("last.ckpt.tmp").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -282,3 +283,43 @@ def test_kk_generated_config_composes_and_instantiates(tiny_tokenizer, tmp_path)
     dm.setup()
     assert len(dm.train_samples) == 600 and dm.filtered_counts["train"] == 0
     assert {k: len(v) for k, v in dm.val_sets.items()} == {"kk_3ppl": 20, "kk_4ppl": 20, "kk_5ppl": 20}
+
+
+def test_an_empty_or_short_validation_set_is_never_silent(tmp_path, caplog):
+    """Issue 14 row 6: an empty kk_test_6ppl.jsonl used to vanish from validation, changing what
+    val/kk/mean averages over. Now it is an error naming the file; a short one is logged with its size."""
+    import logging
+
+    src = need_fixture("kk")
+    layout = tmp_path / "kk"
+    layout.mkdir()
+    for n in (3, 6):
+        shutil.copy(src / f"kk_test_{n}ppl.jsonl", layout / f"kk_test_{n}ppl.jsonl")
+    (layout / "kk_test_6ppl.jsonl").write_text("")
+    with pytest.raises(ValueError, match=r"'kk_6ppl': .*kk_test_6ppl\.jsonl holds no puzzles"):
+        KKDataModule(source="official", data_dir=str(layout), val_people=[3, 6]).val_records()
+    # val_people=None: every file found
+    with pytest.raises(ValueError, match=r"kk_test_6ppl\.jsonl holds no puzzles"):
+        KKDataModule(source="official", data_dir=str(layout)).val_records()
+    with pytest.raises(ValueError, match=r"'held_out': .*empty\.jsonl holds no puzzles"):
+        (tmp_path / "empty.jsonl").write_text("")
+        KKDataModule(source="files", val_files={"held_out": str(tmp_path / "empty.jsonl")}).val_records()
+
+    lines = (src / "kk_test_6ppl.jsonl").read_text().splitlines()[:37]
+    (layout / "kk_test_6ppl.jsonl").write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.INFO, logger="arlopti.data.kk_datamodule"):
+        sets = KKDataModule(source="official", data_dir=str(layout), val_people=[3, 6]).val_puzzles()
+    assert {k: len(v) for k, v in sets.items()} == {"kk_3ppl": 100, "kk_6ppl": 37}
+    assert re.search(r"validation set kk_6ppl: 37 puzzles from .*kk_test_6ppl\.jsonl, fewer than the 100 "
+                     r"asked for", caplog.text)
+    assert re.search(r"validation set kk_3ppl: 100 puzzles from .*kk_test_3ppl\.jsonl", caplog.text)
+
+
+def test_a_validation_set_emptied_by_the_length_filter_is_named(tiny_tokenizer, caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="arlopti.data.prompt_datamodule"):
+        dm = generated(tiny_tokenizer, val_max_prompt_length=8)
+    assert dm.val_sets["kk_3ppl"] == []
+    assert "validation set kk_3ppl (kk): no prompts left (4 read, all longer than the validation prompt-length " \
+           "limit 8): it is left out of val/kk/mean" in caplog.text

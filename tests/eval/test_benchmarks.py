@@ -1,6 +1,7 @@
 """The benchmark registry: names, sizes, answer types, uids, and clear errors."""
 
 import json
+import re
 
 import pytest
 
@@ -66,3 +67,24 @@ def test_missing_file_names_the_local_path(tmp_path, monkeypatch):
 def test_unknown_name():
     with pytest.raises(KeyError, match="aime24"):
         load_benchmark("aime25")
+
+
+def test_an_empty_or_short_validation_benchmark_is_never_silent(tmp_path, caplog):
+    """Issue 14 row 6, math: an empty benchmark file is an error naming it; a short one is logged."""
+    import logging
+
+    from arlopti.data.math_datamodule import MathDataModule
+    from arlopti.eval.benchmarks import BENCHMARKS
+
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    bench = tmp_path / BENCHMARKS["math500"].filename
+    bench.write_text("")
+    dm = MathDataModule(train_file=str(train), val_benchmarks=["math500"], val_data_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=rf"'math500': {re.escape(str(bench))} holds no problems"):
+        dm.val_records()
+    bench.write_text('{"problem": "2+2?", "answer": "4"}\n' * 3)
+    dm = MathDataModule(train_file=str(train), val_benchmarks=["math500"], val_data_dir=str(tmp_path), val_limit=5)
+    with caplog.at_level(logging.WARNING):
+        assert len(dm.val_records()["math500"]) == 3
+    assert f"validation benchmark math500: 3 problems from {bench}, fewer than the 5 asked for" in caplog.text

@@ -69,3 +69,24 @@ def test_ranks_split_prompts_and_reduce_sums():
         assert eng.calls[0][0] == 3  # each rank generates for half of the prompts
     total = parts[0] + parts[1]
     assert total[0].item() == 6 and total[1].item() == 3  # problems, correct
+
+
+def test_an_empty_set_is_an_error_and_the_mean_says_what_it_averages(caplog):
+    """Issue 14 row 6: an empty set used to drop out of val/<task>/mean silently; now the mean says
+    how many sets it is over and names them, and a dropped set is named."""
+    import logging
+
+    script = {0: ["a"], 1: ["x"], 2: ["c"]}
+    sets = {"one": [sample(0, "a"), sample(1, "b")], "two": [sample(2, "c")]}
+    with caplog.at_level(logging.INFO, logger="arlopti.eval.runner"):
+        m, _ = evaluate_sets(Scripted(script), sets, {"t": (EvalMode(),)}, lambda _: Exact(), 8)
+    assert m["val/t/mean/sets"] == 2.0
+    assert "val/t/mean averages over 2 set(s): one, two" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="arlopti.eval.runner"):
+        m, _ = evaluate_sets(Scripted(script), {**sets, "two": []}, {"t": (EvalMode(),)}, lambda _: Exact(), 8)
+    assert m["val/t/mean/sets"] == 1.0 and m["val/t/mean/greedy/acc"] == 0.5
+    assert "validation set(s) ['two'] hold no prompts: not evaluated" in caplog.text
+    assert "val/t/mean averages over 1 set(s): one" in caplog.text
+    with pytest.raises(ValueError, match="limit=0"):
+        evaluate_sets(Scripted(script), sets, {"t": (EvalMode(),)}, lambda _: Exact(), 8, limit=0)

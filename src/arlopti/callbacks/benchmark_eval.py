@@ -7,6 +7,8 @@ at T = 1, math 16 samples at T = 1 (avg@16, pass@16). See :mod:`arlopti.eval.run
 metric names. Results go to the loggers at ``step = rollout_step``, into
 ``trainer.callback_metrics`` (so a checkpoint callback can monitor e.g.
 ``val/kk/mean/greedy/acc``), and onto ``pl_module.eval_results`` for the run summary.
+``val/<task>/mean/sets`` says how many sets each mean is over (their names are logged); an empty
+validation set, or a name in ``sets`` that the DataModule lacks, is an error.
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ class BenchmarkEvalCallback(L.Callback):
         dm = trainer.datamodule
         sets = dict(getattr(dm, "val_sets", {}) or {})
         if self.sets is not None:
+            missing = [k for k in self.sets if k not in sets]
+            if missing:  # a configured set never drops out of val/<task>/mean silently
+                raise ValueError(f"callbacks.benchmark_eval.sets names {missing}, which the data module does not "
+                                 f"provide (its validation sets: {sorted(sets)})")
             sets = {k: v for k, v in sets.items() if k in self.sets}
         if not sets:
             return {}

@@ -13,10 +13,15 @@
   (a key of ``trainer.callback_metrics`` such as ``val/kk/mean/greedy/acc``, published by the
   eval callback), checked whenever that metric has a new value. ``monitor: null``: none.
 
-Each save goes to ``<name>.tmp`` first and is renamed into place by rank 0, the previous
-``last.ckpt`` surviving as ``last.ckpt.old`` until the new one is complete; a ``kill -9``
-during a save therefore never leaves a half-written ``last.ckpt``. Under FSDP2 a checkpoint is
-a distributed-checkpoint folder (one shard per rank) rather than a file; the names are the same.
+Each save goes to ``<name>.tmp`` first, is verified (:func:`arlopti.resume.validate_checkpoint`:
+every zip entry against its CRC-32; a distributed folder gets its sha256 manifest first) and only
+then renamed into place by rank 0, the previous ``last.ckpt`` kept as ``last.ckpt.old`` (the
+fallback of ``ckpt_path=last`` when ``last.ckpt`` is damaged); a ``kill -9`` during a save
+therefore never leaves a half-written ``last.ckpt``, and a save that fails verification replaces
+nothing. Before anything is written the live state (weights, buffers, optimizer state) is checked
+to be finite on every rank: a non-finite checkpoint is never written (:class:`CheckpointError`).
+Under FSDP2 a checkpoint is a distributed-checkpoint folder (one shard per rank) rather than a
+file; the names are the same.
 
 What a checkpoint holds: the policy weights (not the reference model, which is rebuilt from
 the config), optimizer and LR-scheduler state, Lightning's loop counters, the DataModule's
@@ -45,7 +50,8 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
-from arlopti.resume import LAST, META, CheckpointError, validate_checkpoint
+from arlopti.learner.guard import tensors_finite
+from arlopti.resume import LAST, META, CheckpointError, validate_checkpoint, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -211,24 +217,73 @@ def _fit_ends_after_this_batch(trainer) -> bool:
 def save_atomic(trainer: L.Trainer, path: Path) -> None:
     """``trainer.save_checkpoint`` to ``path`` via ``path.tmp``; collective (call on every rank).
 
-    Rank 0 renames the finished save into place; the previous ``path`` is kept as ``path.old``
-    until then, so at every instant one complete checkpoint exists. Needs a filesystem shared
-    by all ranks when distributed.
+    Refuses (:class:`CheckpointError`, nothing written) when the state to save is not finite on
+    some rank (:func:`check_state_finite`). Rank 0 verifies the finished save (a folder gets its
+    sha256 manifest first) and only then renames it into place, the previous ``path`` kept as
+    ``path.old``; so at every instant one complete checkpoint exists, and a bad save never
+    replaces a good one. Needs a filesystem shared by all ranks when distributed.
     """
     path = Path(path)
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    check_state_finite(trainer, path)
     if trainer.is_global_zero:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(tmp)
     trainer.strategy.barrier("arlopti_ckpt_prepare")
     trainer.save_checkpoint(tmp)  # ends with a barrier
+    error = None
     if trainer.is_global_zero:
-        _remove(old)
-        if path.exists():
-            path.rename(old)
-        tmp.rename(path)
-        _remove(old)
+        try:
+            if tmp.is_dir():
+                write_manifest(tmp)
+            validate_checkpoint(tmp)
+        except CheckpointError as err:
+            error = f"the save to {tmp} failed its verification, {path} is left as it was: {err}"
+            _remove(tmp)
+        else:
+            _remove(old)
+            if path.exists():
+                path.rename(old)
+            tmp.rename(path)
+    if trainer.world_size > 1:
+        error = trainer.strategy.broadcast(error, src=0)
     trainer.strategy.barrier("arlopti_ckpt_done")
+    if error is not None:
+        raise CheckpointError(error)
+
+
+def check_state_finite(trainer: L.Trainer, path: Path | str = "the checkpoint") -> None:
+    """Raise :class:`CheckpointError` (on every rank: collective) when the module's parameters or
+    buffers or the optimizer state hold a non-finite value on some rank, or the learner's guard
+    has seen poisoned weights. One fused reduction per dtype over this rank's shards."""
+    module = trainer.lightning_module
+    tensors = [t for k, t in [*module.named_parameters(), *module.named_buffers()] if not k.startswith("ref.")]
+    tensors += [v for opt in trainer.optimizers for st in opt.state.values() for v in st.values()
+                if isinstance(v, torch.Tensor)]
+    ok = bool(tensors_finite(tensors)) and not getattr(getattr(module, "guard", None), "poisoned", False)
+    if trainer.world_size > 1:
+        flag = torch.tensor(0.0 if ok else 1.0, device=trainer.strategy.root_device)
+        ok = float(trainer.strategy.reduce(flag, reduce_op="max")) == 0
+    if not ok:
+        bad = _first_non_finite(module, trainer.optimizers)
+        raise CheckpointError(f"refusing to save {path}: the state holds non-finite values"
+                              f"{f' ({bad} on rank {trainer.global_rank})' if bad else ' (on another rank)'}; "
+                              "the last saved checkpoint is left as it was")
+
+
+def _first_non_finite(module, optimizers) -> str | None:
+    """The name of the first non-finite tensor of this rank's state (slow; only after a failed check)."""
+    for k, t in [*module.named_parameters(), *module.named_buffers()]:
+        if not k.startswith("ref.") and not bool(tensors_finite([t])):
+            return k
+    for i, opt in enumerate(optimizers):
+        for j, st in enumerate(opt.state.values()):
+            for name, v in st.items():
+                if isinstance(v, torch.Tensor) and not bool(tensors_finite([v])):
+                    return f"optimizer {i} state {j} {name}"
+    if getattr(getattr(module, "guard", None), "poisoned", False):
+        return "an optimizer step made the weights non-finite"
+    return None
 
 
 def _remove(p: Path) -> None:
@@ -292,4 +347,4 @@ def config_mismatches(saved_run: dict, run: dict) -> list[str]:
     return diffs
 
 
-__all__ = ["RolloutCheckpoint", "config_mismatches", "load_checkpoint_metadata", "save_atomic"]
+__all__ = ["RolloutCheckpoint", "check_state_finite", "config_mismatches", "load_checkpoint_metadata", "save_atomic"]

@@ -42,6 +42,7 @@ the length filter (``max_prompt_length``; validation: ``val_max_prompt_length`` 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -51,6 +52,8 @@ from arlopti.tasks.kk.prompts import OFFICIAL, TEMPLATES, build_prompt
 from arlopti.tasks.kk.puzzle import Puzzle
 from arlopti.tasks.kk.sources import (LOGIC_RL_TEST, LOGIC_RL_TRAIN, OFFICIAL_SKIP, by_num_people,
                                       find_layout, generated_split, read_puzzles, require_file)
+
+log = logging.getLogger(__name__)
 
 SOURCES = ("official", "files", "generated")
 DEFAULT_PEOPLE = (3, 4, 5, 6, 7)
@@ -140,8 +143,7 @@ class KKDataModule(PromptDataModule):
             people = self.val_people if self.val_people is not None else list(DEFAULT_PEOPLE)
             return {f"kk_{n}ppl": self._generated_split(n)[1] for n in people}
         if self.source == "files":
-            return {name: self._cut(self._read(require_file(f, f"validation set {name!r}")),
-                                    self.val_count_per_n, f)
+            return {name: self._val_set(name, self._read(require_file(f, f"validation set {name!r}")), f)
                     for name, f in self.val_files.items()}
         layout = find_layout(self.data_dir)
         people = self.val_people if self.val_people is not None else sorted(layout.test_files)
@@ -153,8 +155,24 @@ class KKDataModule(PromptDataModule):
             wrong = [p.num_people for p in puzzles if p.num_people != n]
             if wrong:
                 raise ValueError(f"{path}: a {n}-people test file holds puzzles with N={sorted(set(wrong))}")
-            out[f"kk_{n}ppl"] = self._cut(puzzles, self.val_count_per_n, str(path))
+            out[f"kk_{n}ppl"] = self._val_set(f"kk_{n}ppl", puzzles, path, expected=LOGIC_RL_TEST)
         return out
+
+    def _val_set(self, name: str, puzzles: list[Puzzle], path, expected: int | None = None) -> list[Puzzle]:
+        """A configured validation set read from ``path``: an empty file is an error naming it (the
+        set would otherwise vanish from ``val/kk/mean``); a set smaller than asked for
+        (``val_count_per_n``, else the official size ``expected``) is logged with its size."""
+        if not puzzles:
+            raise ValueError(f"validation set {name!r}: {path} holds no puzzles; fix or remove the file (or drop "
+                             "the set from data.val_people / data.val_files)")
+        cut = self._cut(puzzles, self.val_count_per_n, str(path))
+        want = self.val_count_per_n if self.val_count_per_n is not None else expected
+        if want is not None and len(cut) < want:
+            log.warning("validation set %s: %d puzzles from %s, fewer than the %d asked for", name, len(cut),
+                        path, want)
+        else:
+            log.info("validation set %s: %d puzzles from %s", name, len(cut), path)
+        return cut
 
     def _read(self, path: Path | str) -> list[Puzzle]:
         return read_puzzles(path, verify=self.verify_solutions, require_prompt=self.template == OFFICIAL)

@@ -13,11 +13,14 @@ list), ``meta = {"dataset", "split"}`` plus ``difficulty`` when the source has o
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from arlopti.data.math_readers import read_math_file
 from arlopti.data.prompt_datamodule import PromptDataModule, PromptRecord
 from arlopti.tasks.math.prompts import TEMPLATES, build_prompt
+
+log = logging.getLogger(__name__)
 
 
 def _dataset_name_from(path: Path) -> str:
@@ -86,8 +89,21 @@ class MathDataModule(PromptDataModule):
         from arlopti.eval.benchmarks import load_benchmark
 
         out = {}
+        from arlopti.eval.benchmarks import BENCHMARKS, default_math_dir
+
         for name in self.val_benchmarks:
             items = load_benchmark(name, self.val_data_dir, self.val_limit)
+            folder = Path(self.val_data_dir) if self.val_data_dir is not None else default_math_dir()
+            where = folder / BENCHMARKS[name].filename
+            if not items:  # an empty file would silently drop out of val/math/mean
+                raise ValueError(f"validation benchmark {name!r}: {where} holds no problems; fix the file or "
+                                 "drop it from data.val_benchmarks")
+            want = self.val_limit  # without a limit, load_benchmark warns when a file is not its full size
+            if want is not None and len(items) < want:
+                log.warning("validation benchmark %s: %d problems from %s, fewer than the %d asked for", name,
+                            len(items), where, want)
+            else:
+                log.info("validation benchmark %s: %d problems from %s", name, len(items), where)
             out[name] = [self._record(it.uid, it.problem, it.answer, {"dataset": name, "split": "test"})
                          for it in items]
         return out

@@ -230,6 +230,10 @@ class PromptDataModule(L.LightningDataModule):
         for name, records in self.val_records().items():
             self.val_sets[name], self.filtered_counts[name] = tokenize_records(
                 records, self.tokenizer, val_limit, f"{self.task_name}/{name}")
+            if not self.val_sets[name]:  # never leave a configured set out of val/<task>/mean silently
+                log.warning("validation set %s (%s): no prompts left (%d read, all longer than the validation "
+                            "prompt-length limit %d): it is left out of val/%s/mean", name, self.task_name,
+                            len(records), val_limit, self.task_name)
         world, rank = 1, 0
         if getattr(self, "trainer", None) is not None:
             world, rank = self.trainer.world_size, self.trainer.global_rank

@@ -11,12 +11,16 @@ and prompt, ``n`` responses are generated and scored with the set's task, giving
 * ``reward``: mean task reward; for K&K also ``format_rate`` (the format check passed).
 
 Metric keys: ``val/<task>/<set>/<mode>/<metric>``, plus ``val/<task>/mean/<mode>/<metric>``
-averaged over the sets (unweighted, as the paper averages benchmarks). Under data parallelism
+averaged over the sets (unweighted, as the paper averages benchmarks) and
+``val/<task>/mean/sets``, the number of sets that mean is over (the set names are logged; see
+:func:`mean_sets`). A set without prompts (every prompt over the length limit; the DataModules
+refuse empty files) is left out with a warning naming it, and ``.../mean/sets`` shows it. Under data parallelism
 each rank evaluates every ``world``-th prompt and ``reduce_sum`` adds the counts up.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -27,6 +31,7 @@ from arlopti.data.batch import PromptSample
 from arlopti.rollout.engine import RolloutEngine, SamplingConfig
 from arlopti.tasks.base import Task
 
+log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EvalMode:
@@ -81,6 +86,11 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
     results: list[SetResult] = []
     per_task_mode: dict[tuple[str, str], list[dict[str, float]]] = {}
     t0 = time.perf_counter()
+    empty = [name for name, samples in sets.items() if not samples]
+    if empty and rank == 0:  # every prompt over the length limit (the DataModules refuse empty files)
+        log.warning("validation set(s) %s hold no prompts: not evaluated, not in val/<task>/mean", empty)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit={limit}: evaluate at least one prompt per set (null = all)")
     for set_name, samples in sets.items():
         if not samples:
             continue
@@ -118,5 +128,19 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
     for (task_name, mode_name), rows in per_task_mode.items():
         for k in rows[0]:
             metrics[f"val/{task_name}/mean/{mode_name}/{k}"] = sum(r[k] for r in rows) / len(rows)
+    for task_name, names in mean_sets(results).items():
+        metrics[f"val/{task_name}/mean/sets"] = float(len(names))
+        if rank == 0:
+            log.info("val/%s/mean averages over %d set(s): %s", task_name, len(names), ", ".join(names))
     metrics["timing/eval_s"] = time.perf_counter() - t0
     return metrics, results
+
+
+def mean_sets(results: list[SetResult]) -> dict[str, list[str]]:
+    """The sets each task's ``val/<task>/mean/...`` metrics average over, in order."""
+    out: dict[str, list[str]] = {}
+    for r in results:
+        names = out.setdefault(r.task, [])
+        if r.name not in names:
+            names.append(r.name)
+    return out

@@ -1,7 +1,17 @@
 """The non-finite step guard: skip a step whose loss or gradient norm is not finite, abort after
-``algorithm.max_consecutive_skips`` such steps in a row. Its counters are saved in checkpoints."""
+``algorithm.max_consecutive_skips`` such steps in a row. Its counters are saved in checkpoints.
+
+A step whose loss and gradient norm were finite can still poison the weights (a huge learning
+rate, an optimizer overflow): after every optimizer step the learner checks the updated parameters
+with :func:`tensors_finite` (one fused reduction over the parameters) and
+:meth:`NonFiniteGuard.check_weights` aborts the run before anything can save them."""
 
 from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import torch
 
 
 class NonFiniteAbort(RuntimeError):
@@ -13,6 +23,7 @@ class NonFiniteGuard:
         self.max_consecutive = max_consecutive
         self.consecutive = 0
         self.total = 0
+        self.poisoned = False  # set when check_weights found non-finite weights
 
     def allow(self, finite: bool, *, loss: float, grad_norm: float, rollout_step: int) -> bool:
         """True: take the step. False: skip it (counted). Raises :class:`NonFiniteAbort` after
@@ -29,9 +40,62 @@ class NonFiniteGuard:
                 "Lower optim.lr, check the reward and the data, or raise algorithm.max_consecutive_skips.")
         return False
 
+    def check_weights(self, finite: bool, *, rollout_step: int, lr: float, loss: float, grad_norm: float) -> None:
+        """Raise :class:`NonFiniteAbort` when an optimizer step left non-finite weights (``finite``
+        must already agree over ranks). Such weights are never checkpointed: the run stops here."""
+        if finite:
+            return
+        self.poisoned = True
+        raise NonFiniteAbort(
+            f"the optimizer step at rollout step {rollout_step} made the weights non-finite although its loss and "
+            f"gradient were finite (lr={lr:g}, loss={loss}, grad_norm={grad_norm}). The run stops before any "
+            "checkpoint of these weights is saved; lower optim.lr (or set a smaller optim.grad_clip) and "
+            "resume from the last checkpoint.")
+
     def state_dict(self) -> dict:
         return {"total_skips": self.total, "consecutive_skips": self.consecutive}
 
     def load_state_dict(self, state: dict) -> None:
         self.total = int(state.get("total_skips", 0))
         self.consecutive = int(state.get("consecutive_skips", 0))
+
+
+def local_tensors(tensors: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's part of each tensor (a DTensor's local shard), empty ones dropped."""
+    out = []
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        if local.numel() and (local.is_floating_point() or local.is_complex()):
+            out.append(local.detach())
+    return out
+
+
+def tensors_finite(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    """A 0-dim bool tensor: whether every element of this rank's part of ``tensors`` is finite.
+
+    On CUDA one fused max-abs reduction per dtype (``torch._foreach_norm(ord=inf)``: NaN
+    propagates, ±inf stays inf), and nothing synchronises until the caller reads the result. On
+    CPU, where that kernel is ~10x slower than a plain sum (benchmarks/RESULTS.md,
+    bench_finite_check), one sum per tensor: a finite sum implies finite elements (±inf and NaN
+    propagate); only a non-finite sum (which a finite tensor of values near float's max can give
+    by overflow) is confirmed with the exact max-abs reduction. Nothing is copied."""
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in local_tensors(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    if not groups:
+        return torch.tensor(True)
+    flags = []
+    for (device, _), ts in groups.items():
+        if device.type == "cpu" and bool(torch.stack([t.sum(dtype=torch.float32) for t in ts]).isfinite().all()):
+            flags.append(torch.tensor(True))
+            continue
+        flags.append(_max_abs_finite(ts))
+    if len({f.device for f in flags}) > 1:
+        flags = [f.cpu() for f in flags]
+    return torch.stack(flags).all()
+
+
+def _max_abs_finite(ts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([n.float() for n in torch._foreach_norm(ts, math.inf)]).isfinite().all()

@@ -47,6 +47,10 @@ and the moments act and the step count advances.
 Non-finite loss or gradient norm: the step is skipped (gradients dropped, no optimizer or
 scheduler step), logged as ``update/nonfinite_skips``, and training continues; after
 ``algorithm.max_consecutive_skips`` skipped steps in a row it aborts with a clear message.
+A step with a finite loss and gradient that still leaves non-finite weights (a huge learning
+rate) aborts the run at once (:class:`NonFiniteAbort` naming the rollout step, lr, loss and
+gradient norm), before any checkpoint can save those weights: every optimizer step is followed
+by one fused finiteness reduction over the parameters (benchmarks/RESULTS.md: its cost).
 
 Distributed (``trainer=ddp`` or ``trainer=fsdp``): each rank holds whole prompts, so whole
 GRPO groups; DDP and FSDP2 average gradients over ranks, hence the ``/ world`` in the loss
@@ -88,7 +92,7 @@ from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, Phase, advantage_reweight,
 from arlopti.algorithms.plan import first_step_inputs, phase_names, phase_pass_ends, step_order
 from arlopti.config import RunConfig, validate_once
 from arlopti.learner.experience import Experience
-from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard
+from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard, tensors_finite
 from arlopti.learner.optim import build_optimizer
 from arlopti.learner.microbatch import micro_batches_of
 from arlopti.learner.checkpoint_state import check_policy_keys, drop_reference_weights, learner_state, rank_rng_state
@@ -139,12 +143,13 @@ class GRPOModule(L.LightningModule):
     reuse_old_logprobs: bool = True
 
     def __init__(self, cfg: RunConfig, tokenizer=None, total_rollout_steps: int | None = None,
-                 log_completions: int = 2, task_options: dict | None = None):
+                 log_completions: int = 2, task_options: dict | None = None, data_signature: dict | None = None):
         super().__init__()
         self.automatic_optimization = False
         validate_once(cfg)  # a no-op when train.build validated this config already (once per start)
         self.cfg = cfg
-        self.save_hyperparameters({"run": asdict(cfg)})
+        # data_signature: the data config's identity (arlopti.train.data_signature), checked on resume
+        self.save_hyperparameters({"run": asdict(cfg), **({"data": dict(data_signature)} if data_signature else {})})
         self.tokenizer = tokenizer
         self.total_rollout_steps = total_rollout_steps
         self.log_completions = log_completions
@@ -354,13 +359,24 @@ class GRPOModule(L.LightningModule):
         if not self.guard.allow(finite, loss=loss, grad_norm=grad_norm, rollout_step=self.rollout_step):
             self.optimizers().zero_grad(set_to_none=True)
             return
+        lr = float(self.optimizers().param_groups[0]["lr"])
         self.optimizers().step()
+        self._check_weights(lr=lr, loss=loss, grad_norm=grad_norm)
         if self.cfg.optim.scheduler_interval == "optimizer_step":
             self.lr_schedulers().step()
         self.weight_version += 1
         for prefix in prefixes:
             metrics.add(f"{prefix}/grad_norm", grad_norm)
             metrics.add(f"{prefix}/steps", 1.0, "sum")
+
+    def _check_weights(self, *, lr: float, loss: float, grad_norm: float) -> None:
+        """After an optimizer step: are the updated parameters finite on every rank? (One fused
+        reduction over this rank's parameters, :func:`~arlopti.learner.guard.tensors_finite`; one
+        scalar all-reduce when distributed.) If not, abort before anything can checkpoint them."""
+        finite = bool(tensors_finite(p for p in self.policy.parameters() if p.requires_grad))
+        if self.world > 1:
+            finite = self._all_reduce(0.0 if finite else 1.0, "max") == 0
+        self.guard.check_weights(finite, rollout_step=self.rollout_step, lr=lr, loss=loss, grad_norm=grad_norm)
 
     def _clip_and_norm(self) -> float:
         params = [p for p in self.policy.parameters() if p.grad is not None]

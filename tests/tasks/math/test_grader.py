@@ -185,9 +185,9 @@ def test_math_task_registered_and_scores():
     assert [r.reward for r in out] == [1.0, 0.0, 0.0]
     assert [r.correct for r in out] == [True, False, False]
     assert [r.components for r in out] == [
-        {"boxed": 1.0, "timeout": 0.0, "grader_official": 0.0},
-        {"boxed": 0.0, "timeout": 0.0, "grader_official": 0.0},
-        {"boxed": 1.0, "timeout": 1.0, "grader_official": 0.0}]
+        {"boxed": 1.0, "timeout": 0.0, "budget": 0.0, "grader_official": 0.0},
+        {"boxed": 0.0, "timeout": 0.0, "budget": 0.0, "grader_official": 0.0},
+        {"boxed": 1.0, "timeout": 1.0, "budget": 0.0, "grader_official": 0.0}]
 
 
 def test_no_sympy_in_the_calling_process():
@@ -310,6 +310,41 @@ def test_batch_budget_caps_a_whole_batch():
     finally:
         pool = g.pool
         g.close()
-    assert [d.how for d in details] == ["timeout"] * 4 + ["string"]
+    assert [d.how for d in details] == ["budget"] * 4 + ["string"]  # cut off by the budget, not their own timeout
     assert elapsed < 1.0 + 1, elapsed
+    assert _our_children(pool.spawned_pids) == []
+
+
+def test_math_task_has_a_batch_budget(caplog):
+    """Issue 14 row 8: 10 distinct pathological answers on 2 workers cost 10 x timeout_s / 2 without
+    a batch budget (measured 17.5 s at timeout_s=3). MathTask caps the batch by default; what the
+    budget cuts off scores 0 with how="budget" (component ``budget``) and is logged; identical
+    pathological answers are still graded once."""
+    import logging
+
+    from arlopti.tasks.math import DEFAULT_BATCH_BUDGET_S
+
+    assert MathTask().grader.batch_budget_s == DEFAULT_BATCH_BUDGET_S == 10.0
+    assert MathTask(batch_budget_s=None).grader.batch_budget_s is None  # tasks.math.batch_budget_s=null
+    with pytest.raises(ValueError, match="batch_budget_s"):
+        MathTask(batch_budget_s=0)
+    bombs = [f"\\boxed{{(x+1)^{{{90000 + i}}}-(x-1)^{{{90000 + i}}}}}" for i in range(10)]
+    task = get_task("math", grader="math_verify", num_workers=2, timeout_s=3.0, batch_budget_s=2.0)
+    try:
+        task.score(["\\boxed{\\sqrt8}"], ["2\\sqrt2"], [{}])  # workers up
+        start = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="arlopti.tasks.math"):
+            out = task.score(bombs + [bombs[0]] * 5 + ["\\boxed{7}"], ["0"] * 15 + ["7"], [{}] * 16)
+        elapsed = time.monotonic() - start
+        tasks_run = task.grader.pool.stats["tasks"]
+    finally:
+        pool = task.grader.pool
+        task.close()
+    print(f"\n10 distinct pathological answers (+5 repeats), 2 workers, budget 2 s: {elapsed:.1f} s")
+    assert elapsed < 2.0 + 1.5, elapsed
+    assert [r.reward for r in out] == [0.0] * 15 + [1.0]
+    assert all(r.components["budget"] == 1.0 and r.components["timeout"] == 0.0 for r in out[:15])
+    assert out[-1].components["budget"] == 0.0
+    assert "15 of 16 answers scored 0 unchecked (how=budget)" in caplog.text
+    assert tasks_run <= 1 + 10  # the warm-up and at most one check per distinct answer
     assert _our_children(pool.spawned_pids) == []

@@ -247,9 +247,9 @@ def test_math_task_records_the_grader():
         task.close()
     assert [r.reward for r in out] == [1.0, 0.0, 0.0]
     assert [r.components for r in out] == [
-        {"boxed": 1.0, "timeout": 0.0, "grader_official": 1.0},
-        {"boxed": 0.0, "timeout": 0.0, "grader_official": 1.0},
-        {"boxed": 1.0, "timeout": 0.0, "grader_official": 1.0}]
+        {"boxed": 1.0, "timeout": 0.0, "budget": 0.0, "grader_official": 1.0},
+        {"boxed": 0.0, "timeout": 0.0, "budget": 0.0, "grader_official": 1.0},
+        {"boxed": 1.0, "timeout": 0.0, "budget": 0.0, "grader_official": 1.0}]
 
 
 def test_detail_fields(official_grader):
@@ -478,7 +478,7 @@ def test_batch_budget_caps_a_whole_batch():
     finally:
         pool = g.pool
         g.close()
-    assert [d.how for d in details] == ["timeout"] * 4 + ["string"]
+    assert [d.how for d in details] == ["budget"] * 4 + ["string"]  # cut off by the budget, not their own timeout
     assert elapsed < 1.0 + 1, elapsed
     assert _our_children(pool.spawned_pids) == []
 

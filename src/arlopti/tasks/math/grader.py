@@ -68,7 +68,7 @@ from arlopti.tasks.math.guards import MAX_ANSWER_CHARS, symbolic_risk
 from arlopti.tasks.math.normalize import gold_strings, normalize_answer, plain_number
 from arlopti.tasks.math.pool import WorkerPool
 
-HOW_VALUES = ("string", "numeric", "symbolic", "mismatch", "rejected", "timeout", "error", "no_box",
+HOW_VALUES = ("string", "numeric", "symbolic", "mismatch", "rejected", "timeout", "budget", "error", "no_box",
               "no_gold")
 GRADERS = ("official", "math_verify")
 DEFAULT_GRADER = "official"
@@ -130,7 +130,8 @@ class MathGrader:
     :meth:`grade` (one response) additionally bounds its whole call by ``timeout_s`` plus the
     kill-and-reap time; :meth:`grade_batch` runs up to ``num_workers`` checks in parallel and
     bounds each one; with ``batch_budget_s`` the symbolic part of a whole batch is capped too
-    (checks unfinished by then score 0 as timeouts). ``memory_limit_mb`` caps each worker's
+    (checks unfinished by then, queued or running, score 0 with ``how="budget"``; identical
+    (answer, golds) pairs are still checked once). ``memory_limit_mb`` caps each worker's
     address space; a worker is replaced after ``max_tasks_per_worker`` checks.
     Workers start on the first symbolic check, which also waits for them to
     be ready (start-up is not counted against the timeout). Calls are serialised by a lock.
@@ -233,7 +234,7 @@ class MathGrader:
         return self._grade(responses, ground_truths, self.batch_budget_s)
 
     def _grade(self, responses: Sequence[Any], ground_truths: Sequence[Any],
-               budget_s: float | None) -> list[GradeDetail]:
+               budget_s: float | None, budget_how: str | None = "budget") -> list[GradeDetail]:
         if len(responses) != len(ground_truths):
             raise ValueError(f"{len(responses)} responses but {len(ground_truths)} ground truths")
         results: list[GradeDetail | None] = [None] * len(responses)
@@ -262,6 +263,8 @@ class MathGrader:
                 elif outcome.status == "ok":
                     # -2: the official worker skipped a sympy step at our guard's request.
                     detail = self._detail(0.0, "rejected" if index == -2 else "mismatch", pred)
+                elif outcome.status == "timeout" and outcome.error == "budget" and budget_how is not None:
+                    detail = self._detail(0.0, budget_how, pred)  # the batch budget ran out first
                 else:
                     detail = self._detail(0.0, outcome.status, pred)  # "timeout" or "error"
                 for i in jobs[key]:
@@ -274,7 +277,7 @@ class MathGrader:
 
     def grade(self, response: Any, ground_truth: Any) -> GradeDetail:
         """One response; the whole call is bounded by ``timeout_s`` (plus kill-and-reap time)."""
-        return self._grade([response], [ground_truth], self.timeout_s)[0]
+        return self._grade([response], [ground_truth], self.timeout_s, budget_how=None)[0]  # a timeout
 
     def _ensure_pool(self) -> WorkerPool:
         if self._pool is None:

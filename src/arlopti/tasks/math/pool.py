@@ -44,7 +44,8 @@ _MAX_BOOT_FAILURES = 3
 
 @dataclass
 class TaskOutcome:
-    """What became of one task: ``status`` is ``"ok"``, ``"timeout"`` or ``"error"``."""
+    """What became of one task: ``status`` is ``"ok"``, ``"timeout"`` (``error="budget"`` when
+    :meth:`WorkerPool.run`'s ``budget_s`` cut it off, not its own timeout) or ``"error"``."""
 
     status: str
     value: Any = None
@@ -204,8 +205,8 @@ class WorkerPool:
         now = time.monotonic()
         for w in list(self._workers):
             if w.task is not None and now >= w.deadline:
-                if outcomes is not None:
-                    outcomes[w.task] = TaskOutcome("timeout")
+                if outcomes is not None:  # a deadline cut short by run's budget_s (== until): error "budget"
+                    outcomes[w.task] = TaskOutcome("timeout", error="budget" if w.deadline == until else "")
                 self._reap(w, kill=True)
                 self.stats["killed_timeout"] += 1
             elif not w.ready and now >= w.boot_deadline:
@@ -264,7 +265,8 @@ class WorkerPool:
         worker is killed and the outcome is ``"timeout"``. A call whose worker dies is retried
         once on a fresh worker, then reported as ``"error"``. With ``budget_s``, no call
         outlives ``start + budget_s`` either: calls not finished by then (queued or running)
-        also time out, so ``run`` returns within about ``budget_s`` plus the kill-and-reap time.
+        time out too (``error="budget"``), so ``run`` returns within about ``budget_s`` plus the
+        kill-and-reap time.
         Worker start-up in :meth:`start` happens before the clock starts.
         """
         for name, _ in calls:
@@ -281,11 +283,11 @@ class WorkerPool:
             if time.monotonic() >= hard_end:
                 for w in list(self._workers):
                     if w.task is not None:
-                        outcomes[w.task] = TaskOutcome("timeout")
+                        outcomes[w.task] = TaskOutcome("timeout", error="budget")
                         self._reap(w, kill=True)
                         self.stats["killed_timeout"] += 1
                 while pending:
-                    outcomes[pending.popleft()] = TaskOutcome("timeout")
+                    outcomes[pending.popleft()] = TaskOutcome("timeout", error="budget")
                 self._fill()
                 break
             for w in list(self._workers):
