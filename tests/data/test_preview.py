@@ -121,6 +121,7 @@ def official_math_problems() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def dsr_preview(tmp_path_factory, smol_tokenizer):
+    shared_fixture("math/dsr_uniform_train_10k.jsonl.gz")  # skip, with the reason, when the fixtures are absent
     tmp = tmp_path_factory.mktemp("dsr")
     train = run_preview(tmp, "data=dsr_uniform", SMOL, "--split", "train", "--limit", "300")
     val = run_preview(tmp, "data=dsr_uniform", SMOL, "--split", "val")

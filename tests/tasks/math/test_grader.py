@@ -30,27 +30,9 @@ from arlopti.tasks.base import get_task
 from arlopti.tasks.math import MathGrader, MathTask, score_response, score_response_detailed
 from arlopti.tasks.math.normalize import gold_strings, normalize_answer
 
+from helpers.processes import our_children
+
 TIMEOUT = 2.0
-
-
-def _our_children(pids) -> list:
-    """Processes among ``pids`` that still exist (zombies included) as children of this process."""
-    pids = set(pids)
-    try:
-        import psutil
-
-        return [(c.pid, c.status()) for c in psutil.Process().children(recursive=True) if c.pid in pids]
-    except ImportError:
-        out = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as fh:
-                    state, ppid = fh.read().rsplit(")", 1)[1].split()[:2]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(ppid) == os.getpid():
-                out.append((pid, state))
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +42,7 @@ def grader():
     pool = g.pool
     g.close()
     if pool is not None:
-        assert _our_children(pool.spawned_pids) == []
+        assert our_children(pool.spawned_pids) == []
 
 
 # (boxed answer, gold, equivalent?)
@@ -296,7 +278,7 @@ def test_adversarial_batch_then_no_children_left():
     assert timeouts >= 1  # the batch did exercise kill-and-replace
     # No item may block longer than its own bound, even if the items ran one after another.
     assert elapsed < len(ADVERSARIAL) * (TIMEOUT + 1), (elapsed, timeouts)
-    assert _our_children(pool.spawned_pids) == []
+    assert our_children(pool.spawned_pids) == []
 
 
 def test_batch_budget_caps_a_whole_batch():
@@ -312,7 +294,7 @@ def test_batch_budget_caps_a_whole_batch():
         g.close()
     assert [d.how for d in details] == ["budget"] * 4 + ["string"]  # cut off by the budget, not their own timeout
     assert elapsed < 1.0 + 1, elapsed
-    assert _our_children(pool.spawned_pids) == []
+    assert our_children(pool.spawned_pids) == []
 
 
 def test_math_task_has_a_batch_budget(caplog):
@@ -347,4 +329,4 @@ def test_math_task_has_a_batch_budget(caplog):
     assert out[-1].components["budget"] == 0.0
     assert "15 of 16 answers scored 0 unchecked (how=budget)" in caplog.text
     assert tasks_run <= 1 + 10  # the warm-up and at most one check per distinct answer
-    assert _our_children(pool.spawned_pids) == []
+    assert our_children(pool.spawned_pids) == []

@@ -23,27 +23,9 @@ from arlopti.tasks.math import official
 from arlopti.tasks.math.extract import strip_think
 from arlopti.tasks.math.pool import WorkerPool
 
+from helpers.processes import our_children
+
 TIMEOUT = 2.0
-
-
-def _our_children(pids) -> list:
-    """Processes among ``pids`` that still exist (zombies included) as children of this process."""
-    pids = set(pids)
-    try:
-        import psutil
-
-        return [(c.pid, c.status()) for c in psutil.Process().children(recursive=True) if c.pid in pids]
-    except ImportError:
-        out = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as fh:
-                    state, ppid = fh.read().rsplit(")", 1)[1].split()[:2]
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(ppid) == os.getpid():
-                out.append((pid, state))
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +35,7 @@ def official_grader():
     pool = g.pool
     g.close()
     if pool is not None:
-        assert _our_children(pool.spawned_pids) == []
+        assert our_children(pool.spawned_pids) == []
 
 
 def B(x: str) -> str:
@@ -358,7 +340,7 @@ def test_worker_modules():
         pool.close()
     assert (out[0].status, out[0].value) == ("ok", 1)
     assert (out[1].status, out[1].error) == ("error", "KeyError")  # math-verify is not loaded there
-    assert _our_children(pool.spawned_pids) == []
+    assert our_children(pool.spawned_pids) == []
 
 
 # ---- benchmark golds ---------------------------------------------------------------------------
@@ -450,7 +432,7 @@ def test_long_expression_without_the_size_guard_is_still_bounded():
     assert elapsed < 2 * (TIMEOUT + 1), elapsed
     assert all(d.reward in (0.0, 1.0) for d in details)
     assert details[1].reward == 0.0
-    assert _our_children(pool.spawned_pids) == []
+    assert our_children(pool.spawned_pids) == []
 
 
 def test_adversarial_batch_then_no_children_left():
@@ -464,7 +446,7 @@ def test_adversarial_batch_then_no_children_left():
     assert rewards == [1.0 if how == "string" else 0.0 for *_, how in ADVERSARIAL]
     assert timeouts >= 1  # the expand bomb was killed at its deadline
     assert elapsed < len(ADVERSARIAL) * (TIMEOUT + 1), (elapsed, timeouts)
-    assert _our_children(pool.spawned_pids) == []
+    assert our_children(pool.spawned_pids) == []
 
 
 def test_batch_budget_caps_a_whole_batch():
@@ -480,7 +462,7 @@ def test_batch_budget_caps_a_whole_batch():
         g.close()
     assert [d.how for d in details] == ["budget"] * 4 + ["string"]  # cut off by the budget, not their own timeout
     assert elapsed < 1.0 + 1, elapsed
-    assert _our_children(pool.spawned_pids) == []
+    assert our_children(pool.spawned_pids) == []
 
 
 def teardown_module(module):
