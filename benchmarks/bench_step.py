@@ -111,8 +111,24 @@ def _our_datamodule(tok, n_steps: int):
     return DM(tokenizer=tok, prompts_per_step=PROMPTS, max_prompt_length=256, shuffle=False)
 
 
-def run_ours(model_dir: str, lopti: bool, steps: int) -> dict:
-    """Child: warm-up + ``steps`` timed rollout steps of our learner (fresh process)."""
+def _profiler():
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU])
+
+
+def _profile_tables(prof, rows: int = 15) -> dict:
+    """Top ops of a finished profile: by self CPU time, and by total CPU time (nested ops included)."""
+    ka = prof.key_averages()
+    return {"self": ka.table(sort_by="self_cpu_time_total", row_limit=rows),
+            "total": ka.table(sort_by="cpu_time_total", row_limit=rows)}
+
+
+def run_ours(model_dir: str, lopti: bool, steps: int, profile: bool = False) -> dict:
+    """Child: warm-up + ``steps`` timed rollout steps of our learner (fresh process).
+
+    ``profile``: the second step (the first after the warm-up) runs under ``torch.profiler``
+    (its time is then not counted)."""
     warnings.filterwarnings("ignore")
     import lightning.pytorch as L
     import torch  # noqa: F401
@@ -127,12 +143,18 @@ def run_ours(model_dir: str, lopti: bool, steps: int) -> dict:
     module.policy.hf.generation_config.min_new_tokens = COMPLETION_LEN
     times: list[float] = []
 
+    prof = _profiler() if profile else None
+
     class Timer(L.Callback):  # first in the list: starts before the rollout callback
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if prof is not None and batch_idx == 1:
+                prof.start()
             self.t0 = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             times.append(time.perf_counter() - self.t0)
+            if prof is not None and batch_idx == 1:
+                prof.stop()
 
     trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
@@ -141,6 +163,8 @@ def run_ours(model_dir: str, lopti: bool, steps: int) -> dict:
     trainer.fit(module, datamodule=_our_datamodule(tok, steps + 1))
     m = module.last_step_context.metrics
     lengths = module.last_step_context.experience.response_mask.sum(-1).tolist()
+    if prof is not None:
+        return {"profile": _profile_tables(prof), "step_s": times}
     return {"step_s": times[1:], "warmup_s": times[0], "peak_rss": max_rss_bytes(), "base_rss": base,
             "optimizer_steps": int(trainer.global_step), "completion_lengths": sorted(set(int(x) for x in lengths)),
             "timing": {k: v for k, v in m.items() if k.startswith("timing/")}}
@@ -172,8 +196,11 @@ def _trl_trainer(model_dir: str, num_iterations: int, max_steps: int, loss_type:
     return GRPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
 
 
-def run_trl(model_dir: str, num_iterations: int, steps: int, loss_type: str = "dapo") -> dict:
-    """Child: warm-up + ``steps`` timed rollout steps of TRL (each = ``num_iterations`` TRL steps)."""
+def run_trl(model_dir: str, num_iterations: int, steps: int, loss_type: str = "dapo", profile: bool = False) -> dict:
+    """Child: warm-up + ``steps`` timed rollout steps of TRL (each = ``num_iterations`` TRL steps).
+
+    ``profile``: the second rollout step (TRL steps ``num_iterations`` .. ``2·num_iterations − 1``)
+    runs under ``torch.profiler``."""
     warnings.filterwarnings("ignore")
     import torch  # noqa: F401
     import trl  # noqa: F401
@@ -182,12 +209,18 @@ def run_trl(model_dir: str, num_iterations: int, steps: int, loss_type: str = "d
     base = max_rss_bytes()
     per: list[float] = []
 
+    prof = _profiler() if profile else None
+
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
+            if prof is not None and len(per) == num_iterations:
+                prof.start()
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kw):
             per.append(time.perf_counter() - self.t0)
+            if prof is not None and len(per) == 2 * num_iterations:
+                prof.stop()
 
     with tempfile.TemporaryDirectory() as out:
         trainer = _trl_trainer(model_dir, num_iterations, (steps + 1) * num_iterations, loss_type, out)
@@ -196,6 +229,8 @@ def run_trl(model_dir: str, num_iterations: int, steps: int, loss_type: str = "d
         steps_done = trainer.state.global_step
     # one rollout step = num_iterations consecutive TRL steps (the first generates)
     rollout = [sum(per[i:i + num_iterations]) for i in range(0, len(per), num_iterations)]
+    if prof is not None:
+        return {"profile": _profile_tables(prof), "step_s": rollout}
     return {"step_s": rollout[1:], "warmup_s": rollout[0], "peak_rss": max_rss_bytes(), "base_rss": base,
             "optimizer_steps": int(steps_done), "trl_step_s": per}
 
@@ -214,6 +249,14 @@ def _fixed_rollout(tok, seed: int = 0):
              for _ in range(PROMPTS)]
     rewards = [0.0, 1.0, 3.0, 1.0, 2.0, 0.0, 0.0, 1.0]
     return prompts, comps, rewards
+
+
+def _metric(metrics: dict, name: str) -> float:
+    """``update/<name>`` (``update/all/<name>`` in older versions of the learner's metric names)."""
+    for key in (f"update/{name}", f"update/all/{name}"):
+        if key in metrics:
+            return float(metrics[key])
+    raise KeyError(f"update/{name} not among the step metrics: {sorted(metrics)[:20]} ...")
 
 
 def check_loss(model_dir: str) -> dict:
@@ -264,8 +307,7 @@ def check_loss(model_dir: str) -> dict:
         finally:
             task_cls.score = orig
         m = module.last_step_context.metrics
-        results[f"ours_mb{mbs}"] = {"loss": m["update/all/loss"],
-                                                       "grad_norm": m["update/all/grad_norm"]}
+        results[f"ours_mb{mbs}"] = {"loss": _metric(m, "loss"), "grad_norm": _metric(m, "grad_norm")}
         ours_adv = module.last_step_context.advantages[:, 0].tolist()
 
     # TRL: its _compute_loss on the same batch (advantages by TRL's formula, ref = same weights)
@@ -322,6 +364,9 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--no-lopti", action="store_true")
     ap.add_argument("--check-loss", action="store_true", help="also compare the first-step loss with TRL's")
+    ap.add_argument("--profile", action="store_true",
+                    help="only profile one GRPO step of each side (torch.profiler, after 1 warm-up step); "
+                         "print the top ops and write benchmarks/out/bench_step_profile.json")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     steps = args.steps or (2 if args.quick else 3)
@@ -331,6 +376,18 @@ def main(argv=None) -> int:
                                                       "layers": args.layers, "inter": 2 * args.hidden})
         print(f"tiny Qwen2: hidden {args.hidden}, {args.layers} layers, {info['params']:,} parameters, "
               f"vocab {info['vocab']}", flush=True)
+        if args.profile:
+            profs = {}
+            for name, func in (("ours_grpo", run_ours.__name__), ("trl_grpo", run_trl.__name__)):
+                kw = {"lopti": False} if name.startswith("ours") else {"num_iterations": 1}
+                out = run_isolated(here, func, {"model_dir": model_dir, "steps": 1, "profile": True, **kw},
+                                   timeout_s=1200)
+                profs[name] = out
+                print(f"=== {name}: profiled step {out['step_s'][1]:.3f} s (warm-up {out['step_s'][0]:.3f} s) ===")
+                print("top ops by self CPU time:\n" + out["profile"]["self"])
+                print("top ops by total CPU time:\n" + out["profile"]["total"], flush=True)
+            print(f"wrote {write_json('bench_step_profile.json', {'model': vars(args) | info, 'profiles': profs})}")
+            return 0
         configs = {"ours_grpo": (run_ours.__name__, {"lopti": False}),
                    "trl_grpo": (run_trl.__name__, {"num_iterations": 1})}
         if not args.no_lopti:

@@ -3,8 +3,10 @@ run computes").
 
 GRPO, AR, Lopti and AR + Lopti each train 2 rollout steps on the tiny model from the same seed
 (HF rollouts, toy reward, AdamW, KL on). ``fixtures/learner_params.json`` holds, per algorithm and
-parameter, the SHA-256 of the final fp32 bytes, recorded on the code before the reshaping (commit
-message says which), plus float64 sums for a readable diff. On the machine kind that recorded it
+parameter, the SHA-256 of the final fp32 bytes, plus float64 sums for a readable diff. First recorded
+on the code before the issue-13 reshaping; re-recorded once when the HF engine's Gumbel noise
+became a counter-based hash (issue 18): the sampled tokens changed, the learner did not (with the
+old sampler the issue-15/16 learner still reproduced the old fixture bit for bit). On the machine kind that recorded it
 (same torch, same CPU kernel family) the bytes must be equal; elsewhere, where another kernel
 may round differently, the sums must agree to 1e-5 relative.
 

@@ -1,11 +1,14 @@
 """Rollouts with Hugging Face ``generate``: batched, KV-cached, left-padded, reproducible.
 
 Sampling is done by our own logits processor rather than by ``generate``'s multinomial draw:
-``generate`` runs in greedy mode over ``(logits / T, top-k, top-p filtered) + Gumbel noise``,
-and the noise of each row comes from its own ``torch.Generator`` seeded from
-``(sampling.seed, prompt index, sample index)``. The arg-max of Gumbel-perturbed logits is an
-exact sample from the softmax, so this *is* temperature sampling, but each response is
-reproducible whatever else shares its batch, and the same processor records the processed
+``generate`` runs in greedy mode over ``(logits / T, top-k, top-p filtered) + Gumbel noise``.
+The noise is counter-based: the uniform behind the Gumbel draw of row ``r``, decoding step
+``t`` and vocabulary entry ``v`` is a hash of ``(seed_r, t, v)`` (:func:`gumbel_noise`), where
+``seed_r`` comes from ``(sampling.seed, prompt index, sample index)``. One vectorised integer
+op chain per decoding step serves the whole batch, and each response stays reproducible
+whatever else shares its batch, however the jobs are chunked and however its prompt is padded.
+The arg-max of Gumbel-perturbed logits is an exact sample from the softmax (the Gumbel-max
+trick), so this *is* temperature sampling; the same processor records the processed
 (tempered, filtered) log-prob of each sampled token, vLLM's ``processed_logprobs`` mode.
 
 The engine shares the policy module itself, so a weight "sync" only records the version.
@@ -48,28 +51,108 @@ def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) 
     return z
 
 
+# --------------------------------------------------------------------- counter-based noise
+# Per (row, step): splitmix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number
+# generators", OOPSLA 2014; its output mixer is Stafford's "variant 13", 2011). Per vocabulary
+# entry: MurmurHash3's 32-bit finaliser ``fmix32`` (Appleby, MurmurHash3.cpp) on a Weyl sequence.
+# The per-entry work is on int32 because it runs on B × V elements every decoding step: AVX2 has
+# a native 32-bit multiply but not a 64-bit one, and int32 halves the memory traffic (measured:
+# ``benchmarks/bench_hf_sampling.py --noise-only``). Constants are stored as signed ints: torch has
+# no unsigned arithmetic on CPU, and its int32/int64 multiplication and addition wrap.
+_MASK64 = (1 << 64) - 1
+_GAMMA64 = 0x9E3779B97F4A7C15
+_MIX64_1 = 0xBF58476D1CE4E5B9
+_MIX64_2 = 0x94D049BB133111EB
+_GAMMA32 = 0x9E3779B9
+_FMIX32_1 = 0x85EBCA6B
+_FMIX32_2 = 0xC2B2AE35
+_UNIFORM_BITS = 23  # fp32 holds (m + 0.5) for m < 2**23 exactly, so u lies strictly in (0, 1)
+
+
+def _signed(x: int, bits: int) -> int:
+    """The signed ``bits``-bit int with the same bits as ``x mod 2**bits``."""
+    x &= (1 << bits) - 1
+    return x - (1 << bits) if x >> (bits - 1) else x
+
+
+def _xorshift_right(x: Tensor, k: int, bits: int) -> Tensor:
+    """``x ^= x >>> k`` (logical shift) in place on int``bits``; torch's ``>>`` is arithmetic, so mask."""
+    return x.bitwise_xor_(torch.bitwise_right_shift(x, k).bitwise_and_((1 << (bits - k)) - 1))
+
+
+def mix64(x: Tensor) -> Tensor:
+    """splitmix64's finaliser on an int64 tensor, in place:
+    ``x ^= x>>>30; x *= 0xBF58476D1CE4E5B9; x ^= x>>>27; x *= 0x94D049BB133111EB; x ^= x>>>31``
+    (modulo 2**64), a bijection whose every output bit depends on every input bit."""
+    _xorshift_right(x, 30, 64).mul_(_signed(_MIX64_1, 64))
+    _xorshift_right(x, 27, 64).mul_(_signed(_MIX64_2, 64))
+    return _xorshift_right(x, 31, 64)
+
+
+def row_step_keys(seeds: Tensor, step: int) -> Tensor:
+    """Per-row int32 key of decoding step ``step``: the low 32 bits of ``mix64(seed + (step + 1)·γ)``,
+    γ = splitmix64's gamma (the ``step``-th output of a splitmix64 stream seeded with the row's
+    seed). ``seeds``: int64 ``[B]`` → int32 ``[B]``."""
+    k = mix64(seeds + _signed((step + 1) * _GAMMA64, 64)).bitwise_and_(0xFFFFFFFF)
+    return torch.where(k >= 1 << 31, k - (1 << 32), k).to(torch.int32)
+
+
+def gumbel_noise(keys: Tensor, vocab_offsets: Tensor) -> Tensor:
+    """Gumbel(0, 1) noise ``[B, V]``, fp32, for int32 row keys ``keys [B]`` (:func:`row_step_keys`).
+
+    ``vocab_offsets = arange(V)·0x9E3779B9`` (int32, wrapping). For entry ``(r, v)``:
+    ``x = fmix32(key_r + v·0x9E3779B9)`` with ``fmix32(x) = x ^= x>>>16; x *= 0x85EBCA6B;
+    x ^= x>>>13; x *= 0xC2B2AE35; x ^= x>>>16`` (modulo 2**32; a bijection, so the V entries of a
+    row never share a value); the top 23 bits ``m`` give ``u = (m + 1/2) / 2**23`` in ``(0, 1)``
+    (never 0 or 1: no clamp needed), and the noise is ``−log(−log u)``. The resolution of ``u``
+    matches ``torch.rand``'s fp32; the Gumbel tail is cut at ``−log(−log(1 − 2**-24)) ≈ 16.6``,
+    as a float32 uniform cuts it. The value for ``(r, t, v)`` never depends on other rows, the
+    batch, or how many draws came before: that makes a response reproducible on its own.
+    """
+    x = keys.unsqueeze(1) + vocab_offsets.unsqueeze(0)
+    _xorshift_right(x, 16, 32).mul_(_signed(_FMIX32_1, 32))
+    _xorshift_right(x, 13, 32).mul_(_signed(_FMIX32_2, 32))
+    _xorshift_right(x, 16, 32)
+    m = torch.bitwise_right_shift(x, 32 - _UNIFORM_BITS).bitwise_and_((1 << _UNIFORM_BITS) - 1)
+    u = m.to(torch.float32).add_(0.5).mul_(2.0 ** -_UNIFORM_BITS)
+    return u.log_().neg_().log_().neg_()
+
+
+def vocab_offsets(vocab: int, device) -> Tensor:
+    """``arange(vocab)·0x9E3779B9`` as wrapping int32 (the per-column counter of :func:`gumbel_noise`)."""
+    return torch.arange(vocab, dtype=torch.int32, device=device).mul_(_signed(_GAMMA32, 32))
+
+
 class _GumbelSampler:
-    """A logits processor: filtered logits + per-row Gumbel noise; records sampled log-probs."""
+    """A logits processor: filtered logits + per-row hashed Gumbel noise; records sampled log-probs.
+
+    Call ``t`` (0-based; one call per decoding step) uses the noise of :func:`gumbel_noise` with the
+    keys of :func:`row_step_keys` for ``t``: one batched hash per step, no per-row Python loop.
+    """
 
     def __init__(self, seeds: list[int], sampling: SamplingConfig, device):
         self.sampling = sampling
         self.greedy = sampling.temperature == 0
-        self.gens = [torch.Generator(device=device).manual_seed(s) for s in seeds]
+        self.seeds = torch.tensor([_signed(s, 64) for s in seeds], dtype=torch.int64, device=device)
+        self.step = 0
+        self._offsets: Tensor | None = None
         self.logprobs: list[Tensor] = []
+
+    def noise(self, vocab: int) -> Tensor:
+        """Gumbel noise ``[B, vocab]`` of the current step (does not advance the step)."""
+        if self._offsets is None or self._offsets.shape[0] != vocab:
+            self._offsets = vocab_offsets(vocab, self.seeds.device)
+        return gumbel_noise(row_step_keys(self.seeds, self.step), self._offsets)
 
     def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
         s = self.sampling
         if self.greedy:
             z = scores.float()
+            choice = z.argmax(-1)
         else:
             z = filter_logits(scores, s.temperature, s.top_k, s.top_p)
-        if not self.greedy:
-            u = torch.stack([torch.rand(z.shape[-1], generator=g, device=z.device) for g in self.gens])
-            u = u.clamp(1e-20, 1.0 - 1e-7)
-            noisy = z - torch.log(-torch.log(u))  # + Gumbel(0, 1) noise
-        else:
-            noisy = z
-        choice = noisy.argmax(-1)
+            choice = (self.noise(z.shape[-1]).to(z.device) + z).argmax(-1)  # + Gumbel(0, 1) noise
+        self.step += 1
         if s.logprobs:
             self.logprobs.append(torch.log_softmax(z, -1).gather(-1, choice[:, None]).squeeze(-1))
         # generate() takes the arg-max of what we return: make the choice unambiguous.
