@@ -153,3 +153,31 @@ def test_ckpt_path_last_end_to_end(trained_ckpt, tmp_path):
     assert report["model"] == str(d / "last.ckpt")
     assert report["mean_over"] == {"math": ["math500"]}
     assert report["metrics"]["val/math/mean/sets"] == 1.0
+
+
+def test_eval_val_scores_the_data_configs_validation_set_with_any_registered_task(tmp_path, no_model):
+    """``eval=val`` (issue 17): the data config's validation sets, scored by the task the records name;
+    without a data config, or with a suite task other than kk / math, the error says what to pass."""
+    with pytest.raises(ValueError, match="eval=val evaluates the validation sets of a data config"):
+        evaluate(compose_eval(tmp_path, ["eval=val"]))
+    with pytest.raises(ValueError, match="eval.task='custom': .* eval=val data="):
+        evaluate(compose_eval(tmp_path, ["eval.task=custom"]))
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"prompt": "1 + 1?", "answer": "2"}\n{"prompt": "2 + 2?", "answer": "4"}\n')
+    data = ["eval=val", "data=prompts", f"data.train_file={rows}", f"data.val_file={rows}"]
+    from arlopti.config import ConfigError
+
+    with pytest.raises(ConfigError, match="task.reward_fn is not set"):  # task=custom not given: before any model
+        evaluate(compose_eval(tmp_path, data))
+
+
+def test_eval_val_end_to_end_with_the_math_reward(tmp_path, tiny_tokenizer):
+    rows = tmp_path / "p.jsonl"
+    rows.write_text('{"prompt": "1 + 1?", "answer": "2"}\n{"prompt": "2 + 2?", "answer": "4"}\n'
+                    '{"prompt": "3 + 3?", "answer": "6"}\n')
+    report = evaluate(compose_eval(tmp_path, ["eval=val", "data=prompts", f"data.train_file={rows}",
+                                              "data.val_fraction=0.5", "data.task=math", "eval.limit=1",
+                                              "rollout.max_new_tokens=4"]))
+    assert report["mean_over"] == {"math": ["val"]}
+    assert [(s["name"], s["mode"], s["problems"], s["n"]) for s in report["sets"]] == [("val", "greedy", 1, 1)]
+    assert report["metrics"]["val/math/val/greedy/acc"] == 0.0  # a random model boxes no answer

@@ -5,6 +5,9 @@ A suite config (``configs/eval/*.yaml``) names a task and its sets:
 * ``task: math``: ``benchmarks`` from :mod:`arlopti.eval.benchmarks`, ``template`` raw|chat;
 * ``task: kk``: ``people`` (e.g. [3, 4, 5, 6, 7]) read as ``kk_test_{N}ppl.jsonl`` from
   ``data_dir`` (the official 100-puzzle test sets), ``template`` official (the records' own prompt)|qwen-instruct|base;
+* ``source: data`` (``eval=val``): the validation sets of the ``data`` config (any
+  PromptDataModule, e.g. ``data=prompts``), each prompt scored by the task its record names, so
+  any registered task, ``task=custom`` included (:func:`data_records`);
 
 plus the sampling: either ``modes: [{name, temperature, top_p, top_k, n}, ...]`` or the flat
 ``samples_per_problem / temperature / top_p / top_k`` of one mode, and ``max_new_tokens``,
@@ -76,8 +79,33 @@ def suite_records(suite: dict) -> dict[str, list[PromptRecord]]:
                     uid=f"kk/test{n}/{i}", ground_truth=p.solution_text_format, meta={"n_people": n}))
             out[f"kk_{n}ppl"] = recs
     else:
-        raise ValueError(f"eval.task={task!r}: use 'math' or 'kk'")
+        raise ValueError(f"eval.task={task!r}: the suites read their own files for 'math' and 'kk' only; any "
+                         "registered task (task=custom too) is evaluated on its data config's validation sets "
+                         "with eval=val data=<its data config> (configs/eval/val.yaml)")
     return out
+
+
+def data_records(cfg: DictConfig) -> tuple[dict[str, list[PromptRecord]], int]:
+    """``eval=val``: the validation sets of ``cfg.data`` (a PromptDataModule config; read, not yet
+    tokenised; ``eval.limit`` = the first N of each) and the data's validation prompt-length limit
+    (``val_max_prompt_length``, else ``max_prompt_length``)."""
+    import hydra
+    from omegaconf import open_dict
+
+    if cfg.get("data") is None:
+        raise ValueError("eval=val evaluates the validation sets of a data config: pass one, e.g. data=prompts "
+                         "data.train_file=... data.val_file=... (or data.val_fraction=...), as in training")
+    with open_dict(cfg):
+        cfg.data.prompts_per_step = 1  # a training-only size (its interpolation needs the training config)
+    dm = hydra.utils.instantiate(cfg.data, tokenizer=None)
+    records = dm.val_records()
+    if not records:
+        raise ValueError(f"eval=val: the data config ({cfg.data.get('_target_')}) has no validation set; give it "
+                         "one (data=prompts: data.val_file=FILE or data.val_fraction=0.1)")
+    limit = cfg.eval.get("limit")
+    if limit is not None:
+        records = {name: recs[:int(limit)] for name, recs in records.items()}
+    return records, int(dm.val_max_prompt_length or dm.max_prompt_length)
 
 
 def load_model_for_eval(cfg: DictConfig, ckpt: str | None = None):
@@ -157,15 +185,26 @@ def evaluate(cfg: DictConfig) -> dict:
     from arlopti.callbacks.rollout import build_engine
     from arlopti.tasks.base import check_task_options, get_task
 
+    from arlopti.utils.console import quiet_console
+
+    quiet_console()
     suite = OmegaConf.to_container(cfg.eval, resolve=True)
     limit = suite.get("limit")
     if limit is not None and int(limit) < 1:
         raise ValueError(f"eval.limit={limit}: evaluate at least one problem per set (null = all of them)")
-    records = suite_records(suite)  # before the model: a bad suite fails fast
+    if suite.get("source") == "data":  # eval=val: the data config's validation sets, any registered task
+        records, max_len = data_records(cfg)
+        suite["max_prompt_length"] = suite.get("max_prompt_length") or max_len
+        suite["task"] = "/".join(sorted({r.task for recs in records.values() for r in recs})) or "none"
+    else:
+        records = suite_records(suite)  # before the model: a bad suite fails fast
     empty = [name for name, recs in records.items() if not recs]
     if not records or empty:
         raise ValueError(f"eval suite {suite.get('name', suite['task'])!r} has nothing to evaluate: "
                          + (f"set(s) {empty} hold no problems" if empty else "it names no sets"))
+    record_tasks = sorted({r.task for recs in records.values() for r in recs})
+    early_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
+    check_task_options({t: early_options.get(t) for t in record_tasks}, required=tuple(record_tasks))
     ckpt = eval_ckpt_path(cfg)
     policy, tok = load_model_for_eval(cfg, ckpt)
     sets: dict[str, list[PromptSample]] = {}
@@ -188,17 +227,18 @@ def evaluate(cfg: DictConfig) -> dict:
 
     def task_for(name):
         if name not in tasks:
-            tasks[name] = get_task(name, **task_options.get(name, {}))
+            tasks[name] = get_task(name, **(task_options.get(name) or {}))
         return tasks[name]
 
     try:
-        metrics, results = evaluate_sets(engine, sets, {suite["task"]: suite_modes(suite)}, task_for,
-                                         int(suite["max_new_tokens"]), seed=int(cfg.seed), keep_samples=2)
+        metrics, results = evaluate_sets(engine, sets, {t: suite_modes(suite) for t in record_tasks}, task_for,
+                                         int(suite["max_new_tokens"]), seed=int(cfg.seed), keep_samples=2,
+                                         keep_items=True)
     finally:
         for t in tasks.values():
             t.close()
         engine.close()
-    from arlopti.eval.runner import mean_sets
+    from arlopti.eval.runner import attach_items, mean_sets
 
     report = {"suite": suite, "model": ckpt or cfg.model.name_or_path, "tasks": task_options,
               "mean_over": mean_sets(results),
@@ -207,13 +247,27 @@ def evaluate(cfg: DictConfig) -> dict:
                        for r in results]}
     out = Path(cfg.output_file)
     out.parent.mkdir(parents=True, exist_ok=True)
+    attach_items(report, results, out.parent)  # every item (arlopti.eval.compare); responses in eval_items.jsonl.gz
     out.write_text(json.dumps(report, indent=2, default=str))
-    print_table(metrics)
+    print_table(metrics, model=checkpoint_model_name(ckpt) if ckpt else str(cfg.model.name_or_path), ckpt=ckpt,
+                results=results)
     print(f"results written to {out}")
     return report
 
 
-def print_table(metrics: dict[str, float]) -> None:
+def checkpoint_model_name(ckpt: str) -> str:
+    """The ``model.name_or_path`` a training checkpoint was trained from (its saved run config), or
+    ``"?"`` when it records none."""
+    from arlopti.callbacks.checkpointing import load_checkpoint_metadata
+
+    run = (load_checkpoint_metadata(ckpt).get("hyper_parameters") or {}).get("run") or {}
+    return str((run.get("model") or {}).get("name_or_path", "?"))
+
+
+def print_table(metrics: dict[str, float], model: str | None = None, ckpt: str | None = None,
+                results: list | None = None) -> None:
+    """The metrics per (set, mode), titled with the model and the checkpoint; ``results`` adds the
+    columns ``n`` (problems) and ``k`` (samples per problem)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -223,11 +277,17 @@ def print_table(metrics: dict[str, float]) -> None:
         if len(parts) == 5 and parts[0] == "val":
             rows.setdefault((parts[2], parts[3]), {})[parts[4]] = v
     cols = sorted({c for r in rows.values() for c in r})
-    table = Table(title="evaluation")
+    sizes = {(r.name, r.mode): (r.problems, r.n) for r in results or []}
+    title = "evaluation" + (f": model {model}" if model else "") + f", checkpoint {ckpt or 'none (the model config)'}"
+    table = Table(title=title)
     table.add_column("set")
     table.add_column("mode")
+    if sizes:
+        table.add_column("n", justify="right")
+        table.add_column("k", justify="right")
     for c in cols:
         table.add_column(c, justify="right")
     for (name, mode), r in sorted(rows.items(), key=lambda kv: (kv[0][0] == "mean", kv[0])):
-        table.add_row(name, mode, *[f"{r[c]:.4f}" if c in r else "-" for c in cols])
+        size = [str(x) for x in sizes.get((name, mode), ("-", "-"))] if sizes else []
+        table.add_row(name, mode, *size, *[f"{r[c]:.4f}" if c in r else "-" for c in cols])
     Console().print(table)

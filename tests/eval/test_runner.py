@@ -90,3 +90,25 @@ def test_an_empty_set_is_an_error_and_the_mean_says_what_it_averages(caplog):
     assert "val/t/mean averages over 1 set(s): one" in caplog.text
     with pytest.raises(ValueError, match="limit=0"):
         evaluate_sets(Scripted(script), sets, {"t": (EvalMode(),)}, lambda _: Exact(), 8, limit=0)
+
+
+def test_keep_items_records_every_response_in_order():
+    """keep_items: one record per (prompt, sample), uid/set/mode/sample/reward/correct/answer/response;
+    the answer is the task's extract_answer (None for a task without one)."""
+    class WithAnswer(Exact):
+        def extract_answer(self, response):
+            return response.upper()
+
+    script = {0: ["a", "x"], 1: ["b", "b"]}
+    sets = {"s": [sample(0, "a"), sample(1, "b")]}
+    _, res = evaluate_sets(Scripted(script), sets, {"t": (EvalMode("samp", 1.0, 1.0, -1, 2),)},
+                           lambda _: WithAnswer(), 8, keep_items=True)
+    assert [(r["uid"], r["sample"], r["response"], r["correct"], r["answer"]) for r in res[0].items] == [
+        ("u0", 0, "a", True, "A"), ("u0", 1, "x", False, "X"), ("u1", 0, "b", True, "B"), ("u1", 1, "b", True, "B")]
+    assert {r["set"] for r in res[0].items} == {"s"} and {r["mode"] for r in res[0].items} == {"samp"}
+    assert [r["reward"] for r in res[0].items] == [1.0, 0.0, 1.0, 1.0]
+    _, res = evaluate_sets(Scripted(script), sets, {"t": (EvalMode("samp", 1.0, 1.0, -1, 2),)}, lambda _: Exact(), 8,
+                           keep_items=True)
+    assert res[0].items[0]["answer"] is None
+    _, res = evaluate_sets(Scripted(script), sets, {"t": (EvalMode("samp", 1.0, 1.0, -1, 2),)}, lambda _: Exact(), 8)
+    assert res[0].items == []  # off by default (validation during training)

@@ -51,7 +51,7 @@ class BenchmarkEvalCallback(L.Callback):
 
     def _task(self, name: str) -> Task:
         if name not in self._tasks:
-            self._tasks[name] = get_task(name, **self.task_kwargs.get(name, {}))
+            self._tasks[name] = get_task(name, **(self.task_kwargs.get(name) or {}))
         return self._tasks[name]
 
     def _engine(self, trainer, pl_module):

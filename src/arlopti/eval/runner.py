@@ -16,6 +16,12 @@ averaged over the sets (unweighted, as the paper averages benchmarks) and
 :func:`mean_sets`). A set without prompts (every prompt over the length limit; the DataModules
 refuse empty files) is left out with a warning naming it, and ``.../mean/sets`` shows it. Under data parallelism
 each rank evaluates every ``world``-th prompt and ``reduce_sum`` adds the counts up.
+
+With ``keep_items=True`` every response is also kept as one record in ``SetResult.items``
+(:func:`item_records`): ``uid``, ``set``, ``mode``, ``sample`` (0..n-1), ``reward``, ``correct``,
+``answer`` (the task's extracted answer, :func:`extracted_answer`, or None) and ``response``.
+``eval.py`` writes them (``eval_results.json`` and ``eval_items.jsonl.gz``) so that two evaluations
+can be compared item by item (:mod:`arlopti.eval.compare`). The records are this rank's only.
 """
 
 from __future__ import annotations
@@ -61,6 +67,29 @@ class SetResult:
     reward: float  # sum of rewards
     format_ok: float | None = None  # responses that passed the format check (K&K)
     samples: list[dict] = field(default_factory=list)
+    items: list[dict] = field(default_factory=list)  # keep_items=True: one record per response (item_records)
+
+
+def extracted_answer(task: Task, response: str) -> str | None:
+    """The answer ``task`` reads from ``response``: its ``extract_answer(response)`` method when it
+    has one (K&K: the last ``<answer>`` span; math: the last ``\\boxed{}``), else None."""
+    fn = getattr(task, "extract_answer", None)
+    if fn is None:
+        return None
+    out = fn(response)
+    return None if out is None else str(out)
+
+
+def item_records(set_name: str, mode: str, samples: list[PromptSample], texts: list[str], scored: list,
+                 n: int, task: Task) -> list[dict]:
+    """One record per response, in generation order: response ``j`` of prompt ``i`` is
+    ``texts[i * n + j]`` and ``scored[i * n + j]`` (how :func:`evaluate_sets` flattens them)."""
+    out = []
+    for k, (text, r) in enumerate(zip(texts, scored)):
+        s = samples[k // n]
+        out.append({"uid": str(s.uid), "set": set_name, "mode": mode, "sample": k % n, "reward": float(r.reward),
+                    "correct": bool(r.correct), "answer": extracted_answer(task, text), "response": text})
+    return out
 
 
 def metrics_of(res: SetResult) -> dict[str, float]:
@@ -80,8 +109,9 @@ def metrics_of(res: SetResult) -> dict[str, float]:
 def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], modes: dict[str, tuple[EvalMode, ...]],
                   task_for: Callable[[str], Task], max_new_tokens: int, seed: int = 0, limit: int | None = None,
                   rank: int = 0, world: int = 1, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  keep_samples: int = 0) -> tuple[dict[str, float], list[SetResult]]:
-    """Generate and score every set under every mode of its task; return (metrics, per-set results)."""
+                  keep_samples: int = 0, keep_items: bool = False) -> tuple[dict[str, float], list[SetResult]]:
+    """Generate and score every set under every mode of its task; return (metrics, per-set results).
+    ``keep_items``: also keep every response's record (:func:`item_records`) in ``SetResult.items``."""
     metrics: dict[str, float] = {}
     results: list[SetResult] = []
     per_task_mode: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -120,6 +150,8 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
                             float(stats[2]), float(stats[3]), float(stats[4]) if has_fmt else None)
             res.samples = [{"prompt": s.prompt_text[-400:], "response": cs[0].text, "correct": bool(correct[i, 0])}
                            for i, (s, cs) in enumerate(zip(mine[:keep_samples], comps[:keep_samples]))]
+            if keep_items:
+                res.items = item_records(set_name, mode.name, mine, texts, scored, mode.n, task_for(task_name))
             results.append(res)
             m = metrics_of(res)
             per_task_mode.setdefault((task_name, mode.name), []).append(m)
@@ -144,3 +176,42 @@ def mean_sets(results: list[SetResult]) -> dict[str, list[str]]:
         if r.name not in names:
             names.append(r.name)
     return out
+
+
+#: The side file beside ``eval_results.json`` holding every item record with its response.
+ITEMS_FILE = "eval_items.jsonl.gz"
+
+
+def attach_items(report: dict, results: list[SetResult], out_dir) -> None:
+    """Put every item record of ``results`` into ``report["items"]`` without its response (uid,
+    set, mode, sample, reward, correct, answer), and write the full records, responses included,
+    one JSON line each, to ``<out_dir>/eval_items.jsonl.gz`` (``report["items_file"]``), so that
+    ``eval_results.json`` stays small whatever the response lengths."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    records = [it for r in results for it in r.items]
+    report["items"] = [{k: v for k, v in it.items() if k != "response"} for it in records]
+    report["items_file"] = ITEMS_FILE
+    path = Path(out_dir) / ITEMS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for it in records:
+            f.write(json.dumps(it, ensure_ascii=False) + "\n")
+
+
+def read_items(results_file) -> list[dict]:
+    """The full item records (responses included) of an ``eval_results.json``: its side file
+    ``eval_items.jsonl.gz`` when present, else the response-less ``items`` of the JSON."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    path = Path(results_file)
+    report = json.loads(path.read_text())
+    side = path.parent / report.get("items_file", ITEMS_FILE)
+    if side.is_file():
+        with gzip.open(side, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    return list(report.get("items", []))

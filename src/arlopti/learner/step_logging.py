@@ -1,23 +1,106 @@
 """What the learner writes to the loggers each rollout step (rank 0 only): the reduced scalars at
-``rollout_step`` as the x-axis, and a few sample completions as text where the logger takes text.
-Every tag is listed in docs/metrics.md."""
+``rollout_step`` as the x-axis, and a few sample completions in each logger's native form
+(:func:`write_samples`); and the run's config once (:func:`write_config`). Every tag is listed in
+docs/metrics.md.
+
+Sample completions per logger (``n_samples`` = ``log_completions``, the first responses of the step):
+
+* TensorBoard: text ``samples/<i>`` (reward, the prompt's last 300 characters, the response);
+* wandb: a Table ``samples`` per step, columns ``step, index, reward, prompt, response``;
+* MLflow: an artifact ``samples/step_<step:06d>.jsonl``, one record per sample;
+* CSV: ``samples.jsonl`` next to ``metrics.csv``, records appended each step.
+
+A record: ``{"step", "index", "reward", "prompt"`` (the last 300 characters) ``, "response"}``.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+
 from arlopti.learner.experience import Experience
+
+#: Characters of the prompt's end kept with a sample.
+PROMPT_TAIL = 300
+
+
+def sample_records(exp: Experience, step: int, n_samples: int) -> list[dict]:
+    """The first ``n_samples`` responses of ``exp`` as records (see the module docstring)."""
+    out = []
+    for i in range(min(n_samples, len(exp))):
+        prompt = exp.prompt_texts[i][-PROMPT_TAIL:] if exp.prompt_texts else ""
+        out.append({"step": int(step), "index": i, "reward": float(exp.rewards[i]), "prompt": prompt,
+                    "response": exp.response_texts[i]})
+    return out
+
+
+def _kind(logger) -> str:
+    """``tensorboard`` / ``wandb`` / ``mlflow`` / ``csv`` / ``other`` by the names of the logger's
+    classes, subclasses included (no import of the optional packages)."""
+    kinds = {"TensorBoardLogger": "tensorboard", "WandbLogger": "wandb", "MLFlowLogger": "mlflow",
+             "CSVLogger": "csv"}
+    return next((kinds[c.__name__] for c in type(logger).__mro__ if c.__name__ in kinds), "other")
+
+
+def _csv_dir(logger) -> str:
+    """Where a CSVLogger writes metrics.csv (created if needed)."""
+    path = logger.log_dir
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def write_samples(loggers, records: list[dict], step: int) -> None:
+    """Each logger's native form of the sample records (see the module docstring)."""
+    if not records:
+        return
+    for logger in loggers:
+        kind = _kind(logger)
+        if kind == "tensorboard":
+            writer = logger.experiment
+            for r in records:
+                text = (f"**reward {r['reward']:.2f}**\n\n    ...{r['prompt']}\n\n    "
+                        + r["response"].replace("\n", "\n    "))
+                writer.add_text(f"samples/{r['index']}", text, step)
+        elif kind == "wandb":
+            cols = ["step", "index", "reward", "prompt", "response"]
+            logger.log_table(key="samples", columns=cols, data=[[r[c] for c in cols] for r in records])
+        elif kind == "mlflow":
+            text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+            logger.experiment.log_text(logger.run_id, text, f"samples/step_{step:06d}.jsonl")
+        elif kind == "csv":
+            with open(os.path.join(_csv_dir(logger), "samples.jsonl"), "a", encoding="utf-8") as f:
+                for r in records:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
 def write_step(loggers, metrics: dict[str, float], exp: Experience, step: int, n_samples: int) -> None:
+    """The step's scalars to every logger, then its sample completions (:func:`write_samples`)."""
     for logger in loggers:
         logger.log_metrics(metrics, step=step)
-        writer = getattr(logger, "experiment", None)
-        if writer is None or not hasattr(writer, "add_text"):
-            continue
-        for i in range(min(n_samples, len(exp))):
-            prompt = exp.prompt_texts[i][-300:] if exp.prompt_texts else ""
-            text = (f"**reward {float(exp.rewards[i]):.2f}**\n\n    ...{prompt}\n\n    "
-                    + exp.response_texts[i].replace("\n", "\n    "))
-            writer.add_text(f"samples/{i}", text, step)
+    write_samples(loggers, sample_records(exp, step, n_samples), step)
+
+
+def write_config(loggers, config_yaml: str) -> None:
+    """The composed config (YAML text) in each logger's native form: TensorBoard text ``config``
+    (step 0); wandb the file ``hydra_config.yaml`` in the run's files (wandb keeps its own ``config.yaml``
+    there; the run's config itself is the
+    hyper-parameters Lightning logs at the start); MLflow the artifact ``config.yaml``; CSV the
+    file ``config.yaml`` next to ``metrics.csv`` (``hparams.yaml`` beside it holds the hyper-parameters)."""
+    for logger in loggers:
+        kind = _kind(logger)
+        if kind == "tensorboard":
+            logger.experiment.add_text("config", "    " + config_yaml.replace("\n", "\n    "), 0)
+        elif kind == "wandb":
+            run = logger.experiment
+            path = os.path.join(run.dir, "hydra_config.yaml")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(config_yaml)
+            run.save(path, base_path=run.dir, policy="now")
+        elif kind == "mlflow":
+            logger.experiment.log_text(logger.run_id, config_yaml, "config.yaml")
+        elif kind == "csv":
+            with open(os.path.join(_csv_dir(logger), "config.yaml"), "w", encoding="utf-8") as f:
+                f.write(config_yaml)
 
 
 # Final values shown beside the hyper-parameters in TensorBoard's HPARAMS tab (besides every val/*).

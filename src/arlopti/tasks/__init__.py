@@ -1,9 +1,10 @@
-"""Tasks: K&K logic puzzles (``kk``) and math with boxed answers (``math``).
+"""Tasks: K&K logic puzzles (``kk``), math with boxed answers (``math``) and a reward function of
+your own (``custom``, :mod:`arlopti.tasks.custom`).
 
-Importing this package registers both with :func:`arlopti.tasks.base.get_task`.
+Importing this package registers all three with :func:`arlopti.tasks.base.get_task`.
 """
 
-from arlopti.tasks import kk, math  # noqa: F401  (registers the tasks)
+from arlopti.tasks import custom, kk, math  # noqa: F401  (registers the tasks)
 from arlopti.tasks.base import RewardResult, Task, get_task, register_task
 
 __all__ = ["RewardResult", "Task", "get_task", "register_task"]

@@ -69,6 +69,11 @@ class KKTask(Task):
             ))
         return out
 
+    def extract_answer(self, response: str) -> str | None:
+        """The answer span the reward reads: the last ``<answer>...</answer>`` content, stripped
+        (:func:`~arlopti.tasks.kk.reward.extract_last_answer`), for eval's per-item records."""
+        return extract_last_answer(response)
+
 
 __all__ = [
     "CORRECT_TOTAL", "CotStep", "KKScore", "KKTask", "MAX_PEOPLE", "MIN_PEOPLE", "OFFICIAL", "OFFICIAL_SEED",

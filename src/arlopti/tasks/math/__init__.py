@@ -89,5 +89,12 @@ class MathTask(Task):
             for d in details
         ]
 
+    def extract_answer(self, response: str) -> str | None:
+        """The last ``\\boxed{...}`` / ``\\fbox{...}`` content of ``response``
+        (:func:`~arlopti.tasks.math.extract.last_boxed`), for eval's per-item records."""
+        from arlopti.tasks.math.extract import last_boxed
+
+        return last_boxed(response)
+
     def close(self) -> None:
         self.grader.close()

@@ -9,6 +9,15 @@ before it reports ready: ``symbolic`` (``symbolic.py``: math-verify, sympy; func
 ``official_sympy_match``), comma-separated; ``0`` loads none (only the ``test.*`` hooks) and
 ``1`` means ``symbolic`` (the old boolean form).
 
+An optional fifth argument, JSON ``{"functions": {name: spec}, "sys_path": [...], "batch": bool}``,
+names user functions (``task=custom``'s reward, :mod:`arlopti.tasks.custom`; ``batch``: they return
+lists): ``sys_path`` entries go first
+on ``sys.path``, then each spec is loaded with ``load_function`` of ``tasks/user_code.py`` (loaded
+by path, like the grader modules). A spec that fails to load makes the worker send
+``("load_error", text)`` and exit instead of reporting ready. A user function's reply is
+``("ok", task_id, plain(value))`` and its error reply carries the formatted traceback (last
+4,000 characters), not just the exception type.
+
 Protocol over two pipes (``multiprocessing.connection`` framing, pickled tuples): the worker
 sends ``("ready", pid)`` once its imports are done, then answers each
 ``(task_id, function_name, args)`` with ``("ok", task_id, value)`` or
@@ -18,10 +27,12 @@ sends ``("ready", pid)`` once its imports are done, then answers each
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import sys
 import time
+import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -59,6 +70,33 @@ def _load(key: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return function, getattr(module, function)
+
+
+def _load_user_code():
+    """``tasks/user_code.py``, loaded by path (no ``arlopti`` package import in the worker)."""
+    spec = importlib.util.spec_from_file_location("arlopti_user_code_worker", _HERE.parent / "user_code.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _user_call(user_code, function, batch: bool):
+    """``function`` with its return value made plain (``user_code.plain``) for the pipe."""
+    def call(*args):
+        return user_code.plain(function(*args), batch=batch)
+
+    return call
+
+
+def _user_traceback(err: BaseException) -> str:
+    """The traceback of an error in user code, from the user's frame on (this file's two frames,
+    ``main`` and the ``_user_call`` wrapper, left out)."""
+    tb = err.__traceback__
+    for _ in range(2):
+        if tb is not None and tb.tb_next is not None and Path(tb.tb_frame.f_code.co_filename) == Path(__file__):
+            tb = tb.tb_next
+    return "".join(traceback.format_exception(type(err), err, tb))
 
 
 def _module_keys(arg: str | None) -> list[str]:
@@ -104,6 +142,21 @@ def main(argv: list[str]) -> int:
     for key in modules:
         name, function = _load(key)
         functions[name] = function
+    user = json.loads(argv[4]) if len(argv) >= 5 and argv[4] else {}
+    user_names: set[str] = set()
+    if user.get("functions"):
+        for entry in reversed(user.get("sys_path") or []):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        user_code = _load_user_code()
+        try:
+            for name, spec in user["functions"].items():
+                functions[name] = _user_call(user_code, user_code.load_function(spec), bool(user.get("batch")))
+                user_names.add(name)
+        except BaseException as err:  # noqa: BLE001 - the load error goes to the trainer, then exit
+            outbox.send(("load_error", str(err) if isinstance(err, user_code.UserCodeError)
+                         else traceback.format_exc()[-4000:]))
+            return 3
     outbox.send(("ready", os.getpid()))
     while True:
         try:
@@ -116,8 +169,9 @@ def main(argv: list[str]) -> int:
         try:
             reply = ("ok", task_id, functions[name](*args))
         except BaseException as err:  # noqa: BLE001  (MemoryError, RecursionError, anything)
-            # Only the type name: str() of some sympy errors is itself slow.
-            reply = ("error", task_id, type(err).__name__)
+            # Only the type name: str() of some sympy errors is itself slow. User code: the traceback.
+            reply = ("error", task_id, _user_traceback(err)[-4000:] if name in user_names
+                     else type(err).__name__)
         try:
             outbox.send(reply)
         except (OSError, ValueError, TypeError):

@@ -17,10 +17,15 @@ once per worker and again only when a worker is killed, crashes or is retired af
 Worker functions are named (see ``_worker.py``): ``symbolic_match`` (math-verify, module
 ``"symbolic"``), ``official_sympy_match`` (the official DeepScaleR sympy grader, module
 ``"official"``) and the ``test.*`` hooks that let tests force sleeps, C-level hangs and crashes.
+``user_functions`` adds user code under names of the caller's choice (``task=custom``'s reward,
+:mod:`arlopti.tasks.custom`): each worker loads the specs before it reports ready, a spec that
+fails to load raises :class:`WorkerLoadError` with the worker's message, and a user function's
+``"error"`` outcome carries its traceback.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -40,6 +45,10 @@ WORKER_FUNCTIONS = ("symbolic_match", "official_sympy_match", "test.sleep", "tes
 # Grader modules a worker can preload (see _worker.py) and what each needs installed.
 WORKER_MODULES = {"symbolic": "math-verify", "official": "sympy and pylatexenc"}
 _MAX_BOOT_FAILURES = 3
+
+
+class WorkerLoadError(RuntimeError):
+    """A worker could not load a user function (the message is the worker's: spec and cause)."""
 
 
 @dataclass
@@ -71,12 +80,16 @@ class WorkerPool:
     ``memory_limit_mb`` caps each worker's address space (RLIMIT_AS; 0/None = no cap), so a
     runaway big-number computation fails with MemoryError instead of eating the machine.
     ``modules`` names the grader modules each worker imports before it reports ready (keys of
-    :data:`WORKER_MODULES`); ``preload_symbolic=False`` loads none of them.
+    :data:`WORKER_MODULES`); ``preload_symbolic=False`` loads none of them. ``user_functions``
+    (``{name: "module:function" or "/abs/file.py:function"}``) are loaded too, with
+    ``user_sys_path`` first on the worker's ``sys.path``; ``user_batch`` says they take lists.
     """
 
     def __init__(self, num_workers: int = 2, *, memory_limit_mb: int | None = 4096,
                  max_tasks_per_worker: int = 1000, boot_timeout_s: float = 60.0,
-                 preload_symbolic: bool = True, modules: Sequence[str] = ("symbolic",)):
+                 preload_symbolic: bool = True, modules: Sequence[str] = ("symbolic",),
+                 user_functions: dict[str, str] | None = None, user_sys_path: Sequence[str] = (),
+                 user_batch: bool = False):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         unknown = [m for m in modules if m not in WORKER_MODULES]
@@ -89,6 +102,12 @@ class WorkerPool:
         # False: workers skip the math-verify import (fast start; only the test.* hooks work).
         self.preload_symbolic = preload_symbolic
         self.modules = tuple(modules) if preload_symbolic else ()
+        self.user_functions = dict(user_functions or {})
+        clash = [n for n in self.user_functions if n in WORKER_FUNCTIONS]
+        if clash:
+            raise ValueError(f"user function names {clash} clash with the built-in worker functions")
+        self._user_arg = json.dumps({"functions": self.user_functions, "sys_path": list(user_sys_path),
+                                     "batch": bool(user_batch)}) if self.user_functions else ""
         self._workers: list[_Worker] = []
         self._boot_failures = 0
         self._retried: set[int] = set()  # tasks of the current run already retried once
@@ -104,7 +123,7 @@ class WorkerPool:
         try:
             proc = subprocess.Popen(
                 [sys.executable, str(WORKER_SCRIPT), str(to_child_r), str(from_child_w),
-                 str(self.memory_limit_mb), ",".join(self.modules) or "0"],
+                 str(self.memory_limit_mb), ",".join(self.modules) or "0", self._user_arg],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, close_fds=True,
             )
@@ -198,6 +217,9 @@ class WorkerPool:
                     msg = None
                 if msg is None:
                     self._on_death(w, outcomes, retry)
+                elif msg[0] == "load_error":
+                    self._reap(w, kill=True)
+                    raise WorkerLoadError(str(msg[1]))
                 elif msg[0] == "ready":
                     w.ready, self._boot_failures = True, 0
                 else:
@@ -252,7 +274,7 @@ class WorkerPool:
         if self._boot_failures >= _MAX_BOOT_FAILURES:
             needs = "; ".join(f"{m}: {WORKER_MODULES[m]}" for m in self.modules) or "nothing"
             raise RuntimeError(
-                f"math grader workers failed to start {self._boot_failures} times in a row ({why}); "
+                f"grader workers failed to start {self._boot_failures} times in a row ({why}); "
                 f"check that `{sys.executable} {WORKER_SCRIPT}` can import what its modules need "
                 f"({needs}; e.g. pip install 'math-verify[antlr4_9_3]' pylatexenc)"
             )
@@ -270,8 +292,9 @@ class WorkerPool:
         Worker start-up in :meth:`start` happens before the clock starts.
         """
         for name, _ in calls:
-            if name not in WORKER_FUNCTIONS:
-                raise KeyError(f"unknown worker function {name!r}; known: {list(WORKER_FUNCTIONS)}")
+            if name not in WORKER_FUNCTIONS and name not in self.user_functions:
+                raise KeyError(f"unknown worker function {name!r}; known: "
+                               f"{list(WORKER_FUNCTIONS) + list(self.user_functions)}")
         if not calls:
             return []
         self.start()

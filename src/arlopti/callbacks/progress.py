@@ -1,0 +1,166 @@
+"""Readable runs: a progress bar that counts rollout steps, and one compact metrics line per N steps.
+
+* :class:`RolloutProgressBar`: Lightning's ``RichProgressBar`` counting *rollout steps* (the
+  learner's ``rollout_step``, resumed runs included) toward :func:`planned_steps`, instead of the
+  dataloader batches of one epoch (which read ``2/2250, ETA 13 h`` for a 2-step run). Its ETA is
+  rich's ``remaining / speed`` with the speed averaged over every step of this process (rich's
+  default 30 s window holds no two samples when a step takes minutes).
+* :class:`StepLine`: every ``every_n_steps`` rollout steps, one line through the
+  ``arlopti.progress`` logger, so in Hydra's console handler and in ``train.log``: what a SLURM
+  log shows without a TTY. Its fields are :data:`LINE_FIELDS` then ``tok/s``, the step time and
+  the ETA (:func:`eta_seconds`).
+
+Both read the module's ``rollout_step``, ``total_rollout_steps`` and ``last_step_context.metrics``
+(:class:`arlopti.learner.module.GRPOModule`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from lightning.pytorch.callbacks import Callback, RichProgressBar
+
+log = logging.getLogger("arlopti.progress")
+
+#: (label, metric tag, format) of the line's fields, in order; a tag absent this step is left out.
+LINE_FIELDS = (
+    ("reward", "reward/mean", "{:.3f}"),
+    ("acc", "reward/accuracy", "{:.3f}"),
+    ("kl", "update/kl", "{:.2e}"),
+    ("ent", "update/entropy", "{:.3f}"),
+    ("clip", "update/clip_frac", "{:.3f}"),  # clip_frac_low + clip_frac_high (+ dual), see clip_fraction
+    ("len", "rollout/response_len_mean", "{:.0f}"),
+)
+
+
+def planned_steps(rollout_steps: int | None, max_epochs: int | None, batches_per_epoch: float | None) -> float:
+    """Rollout steps the run will take: ``rollout_steps`` when set (capped by the epochs' total
+    when that is smaller), else ``max_epochs × batches_per_epoch`` (one batch = one rollout
+    step); ``inf`` when neither is known (``max_epochs = -1`` / None, an iterable of unknown length)."""
+    by_epochs = math.inf
+    if max_epochs is not None and max_epochs >= 0 and batches_per_epoch is not None and math.isfinite(
+            float(batches_per_epoch)):
+        by_epochs = float(max_epochs) * float(batches_per_epoch)
+    if rollout_steps is not None:
+        return float(min(float(rollout_steps), by_epochs))
+    return by_epochs
+
+
+def eta_seconds(step: int, total: float, start_step: int, elapsed_s: float) -> float | None:
+    """Seconds left: ``(total − step) × elapsed_s / (step − start_step)``, the mean time of the
+    steps this process has run (``start_step`` = the step it resumed from, 0 for a fresh run;
+    ``elapsed_s`` from the start of training, so validation time is included). None before the
+    first step or when ``total`` is unknown."""
+    done = step - start_step
+    if done <= 0 or not math.isfinite(total):
+        return None
+    return max(0.0, total - step) * elapsed_s / done
+
+
+def format_duration(seconds: float | None) -> str:
+    """``H:MM:SS`` (``D d H:MM:SS`` past a day); ``?`` for None."""
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    s = int(round(seconds))
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d} d " if d else "") + f"{h}:{m:02d}:{s:02d}"
+
+
+def clip_fraction(metrics: dict[str, float]) -> float | None:
+    """Fraction of tokens clipped: ``update/clip_frac_low + update/clip_frac_high +
+    update/clip_frac_dual`` (disjoint sets of tokens: A < 0 below 1 − ε_low, A > 0 above
+    1 + ε_high, and A < 0 capped by dual-clip; docs/metrics.md); None when none is logged."""
+    parts = [metrics[k] for k in ("update/clip_frac_low", "update/clip_frac_high", "update/clip_frac_dual")
+             if k in metrics]
+    return float(sum(parts)) if parts else None
+
+
+def format_line(step: int, total: float, metrics: dict[str, float], step_s: float | None,
+                eta_s: float | None) -> str:
+    """``step 3/10 | reward -1.250 | acc 0.125 | kl 1.00e-03 | ent 1.234 | clip 0.010 | len 85 |
+    tok/s 312 | 4.1 s/step | ETA 0:00:29`` (fields without a value are left out)."""
+    values = dict(metrics)
+    clip = clip_fraction(metrics)
+    if clip is not None:
+        values["update/clip_frac"] = clip
+    parts = [f"step {step}/{int(total) if math.isfinite(total) else '?'}"]
+    for label, tag, fmt in LINE_FIELDS:
+        if tag in values and values[tag] is not None:
+            parts.append(f"{label} {fmt.format(float(values[tag]))}")
+    if "timing/tokens_per_s" in values:
+        parts.append(f"tok/s {float(values['timing/tokens_per_s']):.0f}")
+    if step_s is not None:
+        parts.append(f"{step_s:.1f} s/step")
+    parts.append(f"ETA {format_duration(eta_s)}")
+    return " | ".join(parts)
+
+
+def _planned(trainer, pl_module) -> float:
+    return planned_steps(getattr(pl_module, "total_rollout_steps", None), trainer.max_epochs,
+                         trainer.num_training_batches)
+
+
+class StepLine(Callback):
+    """One compact line per ``every_n_steps`` rollout steps (rank 0), through the
+    ``arlopti.progress`` logger: console and ``train.log`` (see the module docstring)."""
+
+    def __init__(self, every_n_steps: int = 1):
+        if not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"callbacks.step_line.every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        self.every_n_steps = every_n_steps
+        self._t0: float | None = None
+        self._start_step = 0
+        self._last_t: float | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t0 = self._last_t = time.perf_counter()
+        self._start_step = int(getattr(pl_module, "rollout_step", 0))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = int(getattr(pl_module, "rollout_step", 0))
+        ctx = getattr(pl_module, "last_step_context", None)
+        if trainer.global_rank != 0 or ctx is None or step % self.every_n_steps or self._t0 is None:
+            return
+        now = time.perf_counter()
+        total = _planned(trainer, pl_module)
+        step_s = (now - self._last_t) / self.every_n_steps if self._last_t is not None else None
+        self._last_t = now
+        log.info(format_line(step, total, ctx.metrics, step_s, eta_seconds(step, total, self._start_step,
+                                                                           now - self._t0)))
+
+
+class RolloutProgressBar(RichProgressBar):
+    """Lightning's rich bar counting rollout steps toward :func:`planned_steps`, one bar for the
+    whole run (see the module docstring)."""
+
+    @property
+    def total_train_batches(self):
+        total = _planned(self.trainer, self.trainer.lightning_module)
+        return int(total) if math.isfinite(total) else total
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        return "rollout steps"
+
+    def _init_progress(self, trainer) -> None:
+        super()._init_progress(trainer)
+        if self.progress is not None:  # the speed (and so the ETA) over every step, not the last 30 s
+            self.progress.speed_estimate_period = math.inf
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        super().on_train_epoch_start(trainer, pl_module)
+        if self.progress is not None and self.train_progress_bar_id is not None:
+            # start at the steps already taken (resume, later epochs) without counting them as speed
+            self.progress.reset(self.train_progress_bar_id, total=self.total_train_batches,
+                                completed=int(getattr(pl_module, "rollout_step", 0)),
+                                description=self._get_train_description(trainer.current_epoch))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if not self.is_disabled and self.train_progress_bar_id is None:
+            self._initialize_train_progress_bar_id()
+        self._update(self.train_progress_bar_id, int(getattr(pl_module, "rollout_step", batch_idx + 1)))
+        self._update_metrics(trainer, pl_module)
+        self.refresh()

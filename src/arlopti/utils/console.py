@@ -1,0 +1,93 @@
+"""A quiet, single console: what ``train.py`` and ``eval.py`` call once, after Hydra has set up logging.
+
+Why each Lightning line printed twice: importing ``lightning`` attaches its own
+``StreamHandler`` (format ``"INFO: ..."``) to the ``lightning`` logger (``lightning/__init__.py``,
+and to ``lightning.pytorch`` / ``lightning.fabric`` when the root logger had no handler at import
+time), while the record also propagates to the root logger, which Hydra gives a console handler
+and the ``train.log`` file handler (``hydra/job_logging: default``). :func:`route_lightning_logs`
+removes Lightning's own stream handlers so that each record is printed once, in Hydra's format,
+and also reaches ``train.log``.
+
+What is filtered, each at its source (a logger name or a warning's module and message), and why:
+
+* Lightning's adverts, the ``"💡 Tip: ..."`` lines for litlogger / litmodels
+  (``logger_connector.py``, ``callback_connector.py``): not about this run.
+* ``lightning.pytorch.utilities._pytree``: ``isinstance(treespec, LeafSpec) is deprecated``, a
+  deprecation inside Lightning about a torch API; nothing a user of this template can change.
+* ``lightning.pytorch.loops.fit_loop``: ``Found N module(s) in eval mode``: the frozen reference
+  policy is in eval mode on purpose.
+
+Every other warning stays, so do all of this project's warnings.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import warnings
+
+#: (module regex, message regex) of the warnings filtered at their source; see the module docstring.
+IGNORED_WARNINGS = (
+    (r"lightning\.pytorch\.utilities\._pytree", r".*LeafSpec.* is deprecated"),
+    (r"lightning\.pytorch\.loops\.fit_loop", r"Found \d+ module\(s\) in eval mode"),
+)
+
+#: Start of the messages dropped from Lightning's loggers (its adverts).
+ADVERT_PREFIXES = ("💡 Tip:",)
+
+_LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+
+
+class CurrentStdout:
+    """A stream that writes to whatever ``sys.stdout`` is *now*. Hydra's console handler keeps the
+    ``sys.stdout`` of start-up; the rich progress bar (in a terminal) swaps ``sys.stdout`` for a
+    proxy that prints above the bar, and log lines written through this reach that proxy instead
+    of being drawn into the bar's line."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
+class DropAdverts(logging.Filter):
+    """Drops a record whose message starts with one of :data:`ADVERT_PREFIXES`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(ADVERT_PREFIXES)
+
+
+def route_lightning_logs() -> None:
+    """Print each Lightning log record once: when the root logger has handlers (Hydra's console
+    and ``train.log``), remove Lightning's own stream handlers and let its records propagate; in
+    any case drop its adverts. Also points the root's stdout handler at :class:`CurrentStdout`.
+    Idempotent."""
+    root = logging.getLogger()
+    root_has_handlers = bool(root.handlers)
+    for h in root.handlers:  # Hydra's console handler follows sys.stdout (the progress bar's proxy)
+        if type(h) is logging.StreamHandler and h.stream in (sys.stdout, sys.__stdout__):
+            h.setStream(CurrentStdout())
+    for name in _LIGHTNING_LOGGERS:
+        lg = logging.getLogger(name)
+        if root_has_handlers:
+            for h in list(lg.handlers):
+                if type(h) is logging.StreamHandler:  # Lightning's own console handlers only
+                    lg.removeHandler(h)
+            lg.propagate = True
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, DropAdverts) for f in lg.filters):
+            lg.addFilter(DropAdverts())
+
+
+def filter_third_party_warnings() -> None:
+    """Ignore exactly the warnings of :data:`IGNORED_WARNINGS` (by module and message)."""
+    for module, message in IGNORED_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, module=module)
+
+
+def quiet_console() -> None:
+    """:func:`route_lightning_logs` and :func:`filter_third_party_warnings`."""
+    route_lightning_logs()
+    filter_third_party_warnings()
