@@ -7,6 +7,7 @@ TensorBoard):
 * ``grad-norms``        Fig. 1d and the (1 − p) bound: per-token and per-bucket gradient norms;
 * ``prob-shift``        Fig. 1c/e/f: Δp per bucket after one update on all / low / high tokens;
 * ``update-direction``  Fig. 3: fraction of tokens moved in their advantage's direction, GRPO/AR/Lopti;
+* ``compare-methods``   GRPO, AR, Lopti, AR + Lopti and the token methods on one batch (:mod:`.compare_methods`);
 * ``word-categories``   Fig. 5: reasoning-word categories vs reward over a rollout dump;
 * ``dump``              sample a live batch and write it as a rollout dump (input of the others);
 * ``reproduce``         all of the above into one folder (``make reproduce``: ``--out docs/figures``).
@@ -83,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.3, help="AR α (paper Fig. 3: 0.3)")
     p.add_argument("--eta", type=float, default=0.5, help="Lopti η (paper Fig. 3: 0.5)")
     p.add_argument("--methods", default="grpo,ar,lopti", help="comma list of grpo, ar, lopti, ar_lopti")
+    p = sub.add_parser("compare-methods", help="GRPO, AR, Lopti and the token methods side by side on one batch")
+    add_input_args(p)
+    add_update_args(p)
+    p.add_argument("--alpha", type=float, default=0.3, help="AR α (paper Fig. 3: 0.3)")
+    p.add_argument("--eta", type=float, default=0.5, help="Lopti η (paper Fig. 3: 0.5)")
+    p.add_argument("--methods", default=None,
+                   help="comma list (default: all of arlopti.analysis.compare_methods.METHODS)")
+    p.add_argument("--cov-ratio", type=float, default=0.02, help="Clip-Cov / KL-Cov share of tokens (verl: 2e-4)")
     p = sub.add_parser("word-categories", help="Fig. 5: word categories vs reward over a dump")
     add_input_args(p)
     p = sub.add_parser("dump", help="sample a live batch and write it as a rollout dump")
@@ -242,7 +251,27 @@ def cmd_word_categories(args, texts_rewards=None, source: str | None = None) -> 
     return result
 
 
+def cmd_compare_methods(args, inputs=None) -> dict:
+    from arlopti.analysis.compare_methods import METHODS, compare_methods, markdown_table, plot_compare_methods
+    from arlopti.analysis.plotting import save_result
+    from arlopti.config import TokenMethodConfig
+
+    loaded, batch, old = inputs or load_inputs(args)
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else METHODS
+    t0 = time.perf_counter()
+    result = compare_methods(loaded.policy, batch, methods, args.alpha, args.eta, args.optimizer, _lr(args),
+                             args.micro_batch, old, TokenMethodConfig(cov_ratio=args.cov_ratio))
+    result.update(batch=batch.summary(), seconds=time.perf_counter() - t0,
+                  caption=caption(batch, f"{args.optimizer} lr {_lr(args):g}"))
+    result["table_high_bucket"] = markdown_table(result)
+    result["files"] = save_result(args.out, f"compare_methods_{args.optimizer}", result, plot_compare_methods(result),
+                                  args.tb_dir)
+    print(result["table_high_bucket"])
+    return result
+
+
 COMMANDS = {"token-distribution": cmd_token_distribution, "grad-norms": cmd_grad_norms, "prob-shift": cmd_prob_shift, "update-direction": cmd_update_direction,
+            "compare-methods": cmd_compare_methods,
             "word-categories": cmd_word_categories, "dump": cmd_dump}
 
 

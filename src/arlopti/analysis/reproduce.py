@@ -19,7 +19,8 @@ Per setting, on one sampled batch and one set of weights:
    (their sum is the all-token GRPO gradient), the AR loss and Lopti's low phase
    (:func:`arlopti.analysis.updates.loss_gradients`: one forward per micro-batch, one backward each);
 2. ``token-distribution``, ``grad-norms`` (per-token and aggregate), ``prob-shift`` (SGD), ``update-direction`` (SGD, and
-   AdamW unless ``--skip-adamw``), reusing those gradients;
+   AdamW unless ``--skip-adamw``), reusing those gradients; ``compare-methods`` (SGD, unless
+   ``--skip-compare-methods``: GRPO, AR, Lopti, AR + Lopti and the token methods);
 3. ``sft`` only: a second live sample written as a rollout dump (``rollouts_word_categories.jsonl.gz``),
    read back and pooled with the mechanism batch for ``word-categories``.
 
@@ -54,6 +55,8 @@ def add_reproduce_args(p) -> None:
     p.add_argument("--alpha", type=float, default=0.3)
     p.add_argument("--eta", type=float, default=0.5)
     p.add_argument("--skip-adamw", action="store_true", help="only the SGD update-direction runs")
+    p.add_argument("--skip-compare-methods", action="store_true", help="no compare-methods (the token methods)")
+    p.add_argument("--cov-ratio", type=float, default=0.02, help="compare-methods: Clip-Cov / KL-Cov share")
     p.add_argument("--word-prompts", type=int, default=8, help="extra prompts sampled for word-categories")
     p.add_argument("--quick", action="store_true", help="tiny sizes, for tests (numbers meaningless)")
 
@@ -118,6 +121,11 @@ def run_setting(args, word_categories: bool) -> tuple[dict, dict[str, float]]:
         ud[opt] = cli.cmd_update_direction(ud_args, inputs, first_grads)
         tick(f"update_direction_{opt}")
     del first_grads
+    cm = None
+    if not args.skip_compare_methods:
+        cm = cli.cmd_compare_methods(Namespace(**{**vars(args), "optimizer": "sgd", "lr": sgd_lr, "grad_clip": None,
+                                                  "methods": None}), inputs)
+        tick("compare_methods")
     headline = {
         "batch": {k: v for k, v in batch.summary().items() if k != "model_info"},
         "token_distribution": {k: dist[k] for k in ("fraction", "adv_mean", "adv_pos_frac")},
@@ -125,6 +133,8 @@ def run_setting(args, word_categories: bool) -> tuple[dict, dict[str, float]]:
         "prob_shift": {"lr": sgd_lr, **ps["variants"]},
         "update_direction": {opt: {"lr": r["lr"], **r["methods"]} for opt, r in ud.items()},
     }
+    if cm is not None:
+        headline["compare_methods"] = {"lr": sgd_lr, **cm["methods"]}
     if word_categories:
         wbatch = sample_kk_batch(loaded, args.word_prompts, args.group_size, args.max_new_tokens, args.temperature,
                                  args.seed + 1, args.num_people, args.puzzle_seed + 1, args.advantages)
