@@ -1,7 +1,7 @@
 """docs/metrics.md lists every TensorBoard tag, and every tag it lists is written.
 
-Two smoke runs (GRPO, and AR + Lopti with the diagnostics' update direction every step, both
-with validation) write TensorBoard; every scalar, histogram and text tag of their event files
+Two smoke runs (GRPO, and AR + Lopti with the diagnostics' update direction every step and DAPO's
+dynamic sampling and overlong shaping, both with validation) write TensorBoard; every scalar, histogram and text tag of their event files
 must match a row of docs/metrics.md, and every row must be matched by some tag (all rows' "when"
 conditions are covered by these two runs). Also: the two runs share the core ``update/*`` tags,
 so GRPO and Lopti overlay on the same cards.
@@ -72,7 +72,9 @@ def runs(tmp_path_factory):
         d = tmp_path_factory.mktemp(name)
         cfg = compose_train([f"experiment={name}", "debug=smoke", "data=kk_generated",
                              "callbacks.benchmark_eval.limit=1", "callbacks.diagnostics.update_direction_every_n_steps=1",
-                             "algorithm.lopti.eta=0.002"], d)  # eta splits a random tiny model's p_old
+                             "algorithm.lopti.eta=0.002"]  # eta splits a random tiny model's p_old
+                            + (["algorithm.dapo.dynamic_sampling=true", "algorithm.dapo.overlong_buffer=4"]
+                               if name == "kk_ar_lopti" else []), d)  # DAPO's tags
         train(cfg)
         out[name] = event_tags(d)
     mp.undo()

@@ -6,3 +6,4 @@ __version__ = "0.1.0"
 # schemas (algorithm/schema, ...) in Hydra's ConfigStore are registered on import.
 from arlopti import config as _config  # noqa: E402,F401
 from arlopti import run_name as _run_name  # noqa: E402,F401
+from arlopti import config_resolvers as _config_resolvers  # noqa: E402,F401

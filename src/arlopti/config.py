@@ -117,18 +117,106 @@ class LoptiConfig:
 
 
 @dataclass
+class DapoConfig:
+    """DAPO's data-side pieces (Yu et al. 2025, arXiv 2503.14476, §3.2-3.4), each off by default.
+    `experiment=kk_dapo` turns them on with DAPO's published settings."""
+
+    dynamic_sampling: bool = setting(
+        False, "drop groups whose rewards are all equal; sample more prompts until sizes.prompts_per_step groups "
+               "carry signal (DAPO eq. 11)")
+    max_gen_batches: int = setting(
+        3, "dynamic sampling: generation rounds per rollout step at most; then train on what there is",
+        range="[1, inf)")
+    overlong_buffer: int = setting(
+        0, "overlong reward shaping: a linear penalty over the last N tokens before rollout.max_new_tokens; 0 = off "
+           "(DAPO eq. 13)", range="[0, inf)")
+    overlong_penalty: float = setting(1.0, "overlong shaping: the penalty at the maximum length (DAPO: 1)",
+                                      range="[0, inf)")
+    mask_truncated: bool = setting(
+        False, "truncation masking: responses cut at rollout.max_new_tokens drop out of the loss (DAPO §3.4)")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Correction of the rollout/trainer mismatch: the engine sampled with pi_engine, the trainer's
+    logp_old is pi_trainer (arlopti.algorithms.mismatch). Needs the engine's log-probs
+    (rollout.return_logprobs=true)."""
+
+    mode: str = setting(
+        "none", "how the engine/trainer ratio w = pi_trainer / pi_engine enters the policy loss",
+        choices={"none": "no correction (metrics only)",
+                 "tis": "token-level truncated IS: each token's loss times min(w_t, cap)",
+                 "mis": "token masking (IcePop): tokens with w_t outside [mis_low, mis_high] leave the loss",
+                 "seq_tis": "sequence-level truncated IS: every token of a response times min(prod_t w_t, cap)"})
+    cap: float = setting(2.0, "TIS / sequence-level TIS: the truncation C of the weight", range="(0, inf)")
+    mis_low: float = setting(0.5, "MIS: lowest kept ratio", range="[0, inf)")
+    mis_high: float = setting(2.0, "MIS: highest kept ratio", range="(0, inf)")
+
+
+@dataclass
+class TokenMethodConfig:
+    """A token-level method on top of the estimator, AR and Lopti (arlopti.algorithms.token_methods;
+    docs/algorithms.md lists each rule, its source and what composes). `experiment=kk_<method>` sets one."""
+
+    name: str = setting(
+        "none", "the method (none; clip_cov / kl_cov: arXiv 2505.22617; top_entropy: 2506.01939; archer: "
+                "2507.15778; tr_grpo: 2511.00066; reverse: AR's mirror, our ablation)",
+        choices=_registry("TOKEN_METHODS"))
+    cov_ratio: float = setting(2e-4, "clip_cov / kl_cov: share of the tokens selected, k = max(1, floor(r * N)) "
+                                     "(verl: 2e-4)", range="(0, 1]")
+    clip_cov_lb: float = setting(1.0, "clip_cov: candidates have covariance above this (verl: 1)")
+    clip_cov_ub: float = setting(5.0, "clip_cov: candidates have covariance below this (verl: 5)")
+    kl_cov_coef: float = setting(1.0, "kl_cov: coefficient of |logp - logp_old| on the selected tokens (verl: 1)",
+                                 range="[0, inf)")
+    entropy_top: float = setting(0.2, "top_entropy: rho, the share of highest-entropy tokens that keep a gradient "
+                                      "(the paper: 0.2)", range="(0, 1]")
+    archer_quantile: float = setting(0.8, "archer: per-response entropy quantile above which a token is "
+                                          "high-entropy (Archer: 0.8)", range="(0, 1)")
+    archer_clip_low_entropy: float = setting(0.2, "archer: PPO clip (both sides) of low-entropy tokens (Archer: 0.2)",
+                                             range="[0, 1]")
+    archer_clip_high_entropy: float = setting(0.5, "archer: PPO clip (both sides) of high-entropy tokens "
+                                                   "(Archer's scripts: 0.5)", range="[0, 1]")
+    archer_high_entropy_kl: float = setting(0.0, "archer: KL weight of high-entropy tokens, relative to kl_coef "
+                                                 "(Archer's scripts: 0)", range="[0, inf)")
+    tr_alpha: float = setting(4.0, "tr_grpo: alpha of w = clip(alpha * (sigmoid(p / tau) - mu), min, max) (ours)",
+                              range="(0, inf)")
+    tr_tau: float = setting(1.0, "tr_grpo: tau (ours)", range="(0, inf)")
+    tr_mu: float = setting(0.5, "tr_grpo: mu (ours)", range="[0, 1]")
+    tr_min: float = setting(0.0, "tr_grpo: lowest weight (ours)", range="[0, inf)")
+    tr_max: float = setting(1.0, "tr_grpo: highest weight (ours)", range="(0, inf)")
+    reverse_alpha: float = setting(0.3, "reverse: alpha of A <- (alpha * (1 - p_old) + 1 - alpha) * A",
+                                   range="[0, 1]")
+
+
+@dataclass
 class AlgorithmConfig:
     """The RL objective: GRPO, plus Advantage Reweighting (`ar_alpha > 0`) and Lopti
     (`lopti.enabled`). The YAML files `algorithm=grpo|ar|lopti|ar_lopti` set those two;
     `AlgorithmConfig.label` names the combination (for run names and logs)."""
 
-    advantage: str = setting("grpo", "advantage estimator (drgrpo: no std normalisation; rloo: leave-one-out)",
+    advantage: str = setting("grpo", "advantage estimator (drgrpo: no std normalisation; rloo: leave-one-out; "
+                             "reinforce_pp: whitened return; reinforce_pp_baseline: group mean out, then whitened)",
                              choices=_registry("ADVANTAGE_ESTIMATORS"))
     adv_eps: float = setting(1e-6, "added to the group std of the advantage", range="[0, inf)")
+    gamma: float = setting(1.0, "REINFORCE++: discount of the token return (1: the outcome on every token)",
+                           range="[0, 1]")
+    policy_loss: str = setting("ppo_clip", "the policy loss (ppo_clip: clip-higher + dual-clip; gspo; cispo)",
+                               choices=_registry("POLICY_LOSSES"))
+    kl_in: str = setting(
+        "loss", "where beta (kl_coef) acts",
+        choices={"loss": "official: beta * KL(pi || pi_ref) added to the loss",
+                 "reward": "folded into the token reward: r_t - beta * kl_estimator(logp_old, logp_ref) (verl's "
+                           "apply_kl_penalty)"})
+    dapo: DapoConfig = setting(help="DAPO's dynamic sampling, overlong shaping and truncation masking",
+                               factory=DapoConfig)
+    rollout_correction: RolloutCorrectionConfig = setting(
+        help="rollout/trainer mismatch correction", factory=RolloutCorrectionConfig)
     ar_alpha: float = setting(0.0, "Advantage Reweighting alpha: A <- (alpha * p_old + 1 - alpha) * A; 0 = off",
                               range="[0, 1]")
     lopti: LoptiConfig = setting(help="Low-Probability Token Isolation", factory=LoptiConfig)
-    clip_low: float = setting(0.2, "PPO clip below: ratio >= 1 - clip_low", range="[0, 1)")
+    token_method: TokenMethodConfig = setting(help="a token-level method (Clip-Cov, KL-Cov, top-entropy, Archer, "
+                                                   "TR-GRPO, reverse weighting)", factory=TokenMethodConfig)
+    clip_low: float = setting(0.2, "PPO clip below: ratio >= 1 - clip_low (1: no lower bound)", range="[0, 1]")
     clip_high: float = setting(0.24, "PPO clip above: ratio <= 1 + clip_high", range="[0, inf)")
     dual_clip: float | None = setting(10.0, "cap on the loss of negative-advantage tokens: -A * c; null disables",
                                       range="(1, inf)")
@@ -275,7 +363,9 @@ class RolloutConfig:
         None, "vLLM context length; null = min(max_position_embeddings, max_new_tokens + 4096)")
     sync_bucket_mb: int = setting(256, "vLLM: weights stream to the engine in buckets of this size; 0 = per tensor",
                                   range="[0, inf)")
-    return_logprobs: bool = setting(False, "keep the engine's sampling log-probs (diagnostics)")
+    return_logprobs: bool = setting(
+        True, "keep the engine's sampling log-probs: the rollout/trainer mismatch metrics (mismatch/*) every step, "
+              "and algorithm.rollout_correction needs them (about 0.1% of a SmolLM2 decoding step on the HF engine)")
     dtype: str | None = setting(None, "vLLM engine dtype; null = the policy's", choices=_DTYPES)
 
 
@@ -643,6 +733,61 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     r = cfg.rollout
     _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
              "(log-probs are computed from logits / T)")
+    _validate_algorithm(cfg.algorithm, r)
+
+
+#: Policy losses that take no dual-clip, and the loss aggregation a loss requires (if any).
+_NO_DUAL_CLIP = ("gspo", "cispo")
+_REQUIRED_AGG = {"gspo": "seq-mean-token-mean"}
+
+
+def _validate_algorithm(a: AlgorithmConfig, r: RolloutConfig) -> None:
+    """Combinations of algorithm pieces that cannot apply together, each named with its fix."""
+    fix = f" (algorithm={a.policy_loss} sets it)"
+    if a.policy_loss in _NO_DUAL_CLIP:
+        _require(a.dual_clip is None, f"algorithm.dual_clip={a.dual_clip}: algorithm.policy_loss={a.policy_loss} has "
+                 "no dual-clip; set algorithm.dual_clip=null" + fix)
+    need = _REQUIRED_AGG.get(a.policy_loss)
+    if need is not None:
+        _require(a.loss_agg == need, f"algorithm.loss_agg={a.loss_agg} cannot apply to algorithm.policy_loss="
+                 f"{a.policy_loss}: its sequence-level ratio is one value per response, so responses must weigh "
+                 f"equally; set algorithm.loss_agg={need}" + fix)
+    rc = a.rollout_correction
+    if rc.mode != "none":
+        _require(r.return_logprobs, f"algorithm.rollout_correction.mode={rc.mode} needs the engine's log-probs: "
+                 "set rollout.return_logprobs=true")
+    if rc.mode == "mis":
+        _require(rc.mis_low < rc.mis_high, f"algorithm.rollout_correction.mis_low={rc.mis_low} must be below "
+                 f"mis_high={rc.mis_high}")
+    _validate_token_method(a)
+    d = a.dapo
+    _require(d.overlong_buffer < r.max_new_tokens,
+             f"algorithm.dapo.overlong_buffer={d.overlong_buffer} must be below rollout.max_new_tokens="
+             f"{r.max_new_tokens} (the penalty ramps over the last overlong_buffer tokens)")
+
+
+def _validate_token_method(a: AlgorithmConfig) -> None:
+    """Token methods that cannot compose with the rest (arlopti.algorithms.token_methods' docstring)."""
+    tm = a.token_method
+    key = f"algorithm.token_method.name={tm.name}"
+    if tm.name == "top_entropy":
+        _require(not a.lopti.enabled, f"{key} cannot combine with algorithm.lopti.enabled=true: both decide which "
+                 "tokens learn, and the top-entropy tokens are mostly low-probability ones, so Lopti's high phase "
+                 "would be left almost without gradient; set algorithm.lopti.enabled=false (or pick another method)")
+    if tm.name == "reverse":
+        _require(a.ar_alpha == 0, f"{key} cannot combine with algorithm.ar_alpha={a.ar_alpha}: reverse weighting is "
+                 "AR's mirror image and the two weights cancel; set algorithm.ar_alpha=0")
+    if tm.name == "clip_cov":
+        _require(a.policy_loss == "ppo_clip", f"{key} needs algorithm.policy_loss=ppo_clip (its candidates exclude "
+                 f"the tokens PPO already clipped), not {a.policy_loss}")
+        _require(tm.clip_cov_lb < tm.clip_cov_ub, f"algorithm.token_method.clip_cov_lb={tm.clip_cov_lb} must be "
+                 f"below clip_cov_ub={tm.clip_cov_ub}")
+    if tm.name == "archer":
+        _require(a.policy_loss != "gspo", f"{key} cannot apply to algorithm.policy_loss=gspo: one sequence ratio "
+                 "per response cannot take per-token clip bounds; use ppo_clip or cispo")
+    if tm.name == "tr_grpo":
+        _require(tm.tr_min <= tm.tr_max, f"algorithm.token_method.tr_min={tm.tr_min} must not exceed "
+                 f"tr_max={tm.tr_max}")
 
 
 def validate_once(cfg: RunConfig, world_size: int | None = None) -> None:

@@ -120,7 +120,8 @@ def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False, data: 
 #: The keys of a ``data`` config that say which data a run trains on (its identity; sizes, limits
 #: and validation settings are left out): recorded in checkpoints and compared on resume.
 DATA_IDENTITY_KEYS = ("_target_", "source", "generator_seed", "data_dir", "train_file", "dataset_name",
-                      "template", "train_people")
+                      "template", "train_people", "task", "prompt_key", "answer_key", "system_prompt",
+                      "chat_template", "val_fraction", "split_seed")
 
 
 def data_signature(data_cfg) -> dict:
@@ -188,6 +189,9 @@ def build(cfg: DictConfig):
     check_task_options(task_options)
     tokenizer = load_tokenizer(run.model.name_or_path, run.model.tiny.vocab_size)
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer)
+    data_task = getattr(datamodule, "task_name", None)
+    if data_task and task_options.get(data_task) is None:  # data=prompts without task=custom: say so now
+        check_task_options({}, required=(data_task,))
     module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"),
                         task_options=task_options, data_signature=data_signature(cfg.get("data")))
     _check_strategy(trainer, module, run)
@@ -200,6 +204,9 @@ def train(cfg: DictConfig) -> dict:
     A resume from a checkpoint that already reached ``rollout_steps`` or ``trainer.max_epochs``
     builds and trains nothing: it logs why and returns ``{"finished": <reason>, ...}``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from arlopti.utils.console import quiet_console
+
+    quiet_console()  # Lightning's lines once (Hydra's console + train.log), no adverts (arlopti/utils/console.py)
     ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), cfg)
     if ckpt is not None:
         reason = finished_reason(ckpt, cfg.get("rollout_steps"), (cfg.get("trainer") or {}).get("max_epochs"))

@@ -52,3 +52,110 @@ def test_zero_std_fraction():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="must be equal 1-D"):
         grpo_advantages(torch.zeros(3), torch.zeros(4, dtype=torch.long))
+
+
+# ------------------------------------------------------------------ token rewards and REINFORCE++
+
+from arlopti.algorithms import (masked_whiten, outcome_token_rewards, reinforce_pp_advantages,  # noqa: E402
+                                reinforce_pp_baseline_advantages)
+from arlopti.algorithms.advantages import discounted_returns  # noqa: E402
+
+MASK3 = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.float32)
+
+
+def test_outcome_reward_sits_on_each_responses_last_valid_token():
+    got = outcome_token_rewards(torch.tensor([1.0, 2.0, 5.0]), MASK3)
+    assert torch.equal(got, torch.tensor([[0, 0, 1.0, 0], [0, 2.0, 0, 0], [0, 0, 0, 0]]))
+
+
+def test_discounted_returns_by_hand_and_reset_after_the_response():
+    rewards = torch.tensor([[0.0, 0.0, 1.0, 7.0]])  # 7 sits on padding: it must not flow back
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    assert torch.allclose(discounted_returns(rewards, mask, 0.5), torch.tensor([[0.25, 0.5, 1.0, 7.0]]))
+    assert torch.allclose(discounted_returns(rewards, mask, 1.0), torch.tensor([[1.0, 1.0, 1.0, 7.0]]))
+
+
+def test_reinforce_pp_by_hand():
+    # returns (gamma 1): [1, 1, 1 | 0, 0] over 5 valid tokens; mean 0.6; unbiased var
+    # (3 * 0.16 + 2 * 0.36) / 5 * 5/4 = 0.3
+    tr = outcome_token_rewards(torch.tensor([1.0, 0.0, 0.0]), MASK3)
+    got = reinforce_pp_advantages(tr, MASK3, torch.tensor([0, 0, 1]))
+    hi, lo = 0.4 / math.sqrt(0.3 + 1e-8), -0.6 / math.sqrt(0.3 + 1e-8)
+    want = torch.tensor([[hi, hi, hi, 0], [lo, lo, 0, 0], [0, 0, 0, 0]])
+    assert torch.allclose(got, want, atol=1e-6)
+
+
+def _official_reinforce_pp(token_level_rewards, eos_mask, gamma):
+    """zhyang2226/AR-Lopti verl/trainer/ppo/core_algos.py compute_reinforce_plus_plus_outcome_advantage
+    with verl/utils/torch_functional.py masked_whiten/masked_var, restated loop for loop."""
+    returns = torch.zeros_like(token_level_rewards)
+    running = 0
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = token_level_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * eos_mask[:, t]
+    mean = (returns * eos_mask).sum() / eos_mask.sum()
+    var = ((returns - mean) ** 2 * eos_mask).sum() / eos_mask.sum()
+    var = var * eos_mask.sum() / (eos_mask.sum() - 1)
+    return (returns - mean) * torch.rsqrt(var + 1e-8) * eos_mask
+
+
+@pytest.mark.parametrize("gamma", [1.0, 0.9])
+def test_reinforce_pp_equals_the_official_restatement(gamma):
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(1, 9, (6,), generator=g)
+    mask = (torch.arange(8)[None, :] < lengths[:, None]).float()
+    rewards = torch.randn(6, generator=g)
+    tr = outcome_token_rewards(rewards, mask)
+    tr = tr - 0.01 * torch.rand(6, 8, generator=g) * mask  # a per-token KL-in-reward term too
+    got = reinforce_pp_advantages(tr, mask, None, gamma=gamma)
+    assert torch.allclose(got, _official_reinforce_pp(tr.double(), mask.double(), gamma).float(), atol=1e-6)
+
+
+def test_whitening_is_global_through_reduce():
+    """Two ranks holding the same batch: each rank's sums doubled must give the whitening of the
+    concatenated batch (what 2 ranks compute), not of its own half."""
+    g = torch.Generator().manual_seed(1)
+    x, mask = torch.randn(3, 5, generator=g), (torch.rand(3, 5, generator=g) > 0.3).float()
+    both = masked_whiten(torch.cat([x, x]), torch.cat([mask, mask]))[:3]
+    assert torch.allclose(masked_whiten(x, mask, reduce=lambda t: 2 * t), both, atol=1e-6)
+    assert not torch.allclose(masked_whiten(x, mask), both, atol=1e-4)  # n/(n-1) differs
+
+
+def test_whitening_needs_two_tokens():
+    with pytest.raises(ValueError, match="at least 2 valid tokens"):
+        masked_whiten(torch.ones(1, 2), torch.tensor([[1.0, 0.0]]))
+
+
+def test_reinforce_pp_baseline_by_hand():
+    # scores 1, 0 (group a), 3 (group b, alone: mean 0) -> centred 0.5, -0.5, 3 on 3 + 2 + 1 tokens
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]], dtype=torch.float32)
+    tr = outcome_token_rewards(torch.tensor([1.0, 0.0, 3.0]), mask)
+    got = reinforce_pp_baseline_advantages(tr, mask, torch.tensor([0, 0, 1]))
+    vals = torch.tensor([0.5, 0.5, 0.5, -0.5, -0.5, 3.0], dtype=torch.float64)
+    mean, var = vals.mean(), vals.var(unbiased=True)
+    want = ((torch.tensor([[0.5, 0.5, 0.5], [-0.5, -0.5, 0], [3.0, 0, 0]], dtype=torch.float64) - mean)
+            / torch.sqrt(var + 1e-8)) * mask
+    assert torch.allclose(got.double(), want, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "drgrpo", "rloo"])
+def test_group_estimators_score_the_sum_of_token_rewards(name):
+    """With kl_in=reward the KL terms lower each response's score before the group baseline."""
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float32)
+    tr = outcome_token_rewards(torch.tensor([1.0, 0.0]), mask) - 0.1 * mask
+    got = ADVANTAGE_ESTIMATORS.get(name)(tr, mask, torch.tensor([0, 0]))
+    scores = torch.tensor([1.0 - 0.2, 0.0 - 0.3])
+    ref = {"grpo": grpo_advantages(scores, torch.tensor([0, 0])),
+           "drgrpo": grpo_advantages(scores, torch.tensor([0, 0]), norm_by_std=False),
+           "rloo": rloo_advantages(scores, torch.tensor([0, 0]))}[name]
+    assert torch.allclose(got, broadcast_to_tokens(ref, mask))
+
+
+def test_unknown_estimator_is_a_config_error_listing_the_known_ones():
+    from arlopti.config import ConfigError, RunConfig, validate_run
+
+    cfg = RunConfig()
+    cfg.algorithm.advantage = "reinforce++"
+    with pytest.raises(ConfigError, match="algorithm.advantage='reinforce\\+\\+'.*'reinforce_pp'"):
+        validate_run(cfg)

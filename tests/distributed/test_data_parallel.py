@@ -6,7 +6,7 @@ made in the pytest process:
 
 * the same update: 2 ranks on half the prompts each give the parameters 1 rank gives on all
   of them, for GRPO (with active clipping) and Lopti (two phases), under FSDP2 and DDP, with
-  the global token-mean normaliser. Every response has its own length, so a per-rank token
+  the global token-mean normaliser, and for REINFORCE++ (batch-global whitening) under DDP. Every response has its own length, so a per-rank token
   count would give a different update;
 * the clip norm is the global norm under FSDP2 (the logged pre-clip norm equals the 1-rank one,
   and since clipping is active a shard-local norm would also change the parameters);
@@ -57,8 +57,10 @@ def make_cfg(kind: str):
                                 SizesConfig)
 
     rollout = RolloutConfig(temperature=1.0, max_new_tokens=12)
-    if kind in ("grpo", "lopti"):
-        algo = AlgorithmConfig(lopti=LoptiConfig(enabled=kind == "lopti", eta=ETA))
+    if kind in ("grpo", "lopti", "rpp"):
+        # rpp: REINFORCE++, whose whitening statistics are global over the batch (so over ranks)
+        algo = AlgorithmConfig(lopti=LoptiConfig(enabled=kind == "lopti", eta=ETA),
+                               advantage="reinforce_pp" if kind == "rpp" else "grpo")
         sizes = SizesConfig(prompts_per_step=4, group_size=4, mini_batch_size=16, micro_batch_size=2,
                             logprob_micro_batch_size=8)
         # GRPO: a clip far below the gradient norm, so the clip coefficient matters
@@ -163,6 +165,11 @@ def worker(out: Path) -> None:
                 torch.save({"params": p, "metrics": rec.rows, "global_step": module.trainer.global_step},
                            out / f"{strat}_{kind}.pt")
 
+    module, rec = fit("rpp", tok, 1, strategy("ddp"), devices=2)
+    p = params(module)
+    if dist.get_rank() == 0:
+        torch.save({"params": p, "metrics": rec.rows, "global_step": module.trainer.global_step}, out / "ddp_rpp.pt")
+
     module, rec = fit("sync", tok, 2, strategy("ddp"), devices=2)
     torch.save({"params": params(module), "global_step": module.trainer.global_step},
                out / f"ddp_sync_rank{dist.get_rank()}.pt")
@@ -234,7 +241,7 @@ def one_rank(tiny_tokenizer):
     from arlopti.learner.sharding import full_state_dict
 
     ref = {}
-    for kind in ("grpo", "lopti"):
+    for kind in ("grpo", "lopti", "rpp"):
         module, rec = fit(kind, tiny_tokenizer, 1)
         ref[kind] = (full_state_dict(module.policy), rec.rows, module.trainer.global_step)
     return ref
@@ -245,9 +252,11 @@ def max_abs_diff(a: dict, b: dict) -> float:
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-@pytest.mark.parametrize("kind", ["grpo", "lopti"])
+@pytest.mark.parametrize("strategy,kind", [("fsdp", "grpo"), ("fsdp", "lopti"), ("ddp", "grpo"), ("ddp", "lopti"),
+                                           ("ddp", "rpp")])
 def test_two_ranks_give_the_one_rank_update(two_rank, one_rank, kind, strategy):
+    """rpp: REINFORCE++ whitens over every valid token of the batch; on 2 ranks the mean and
+    variance are summed over ranks, so each rank's advantages are the 1-rank ones."""
     import torch
 
     two = torch.load(two_rank / f"{strategy}_{kind}.pt", weights_only=False)

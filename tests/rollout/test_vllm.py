@@ -362,7 +362,8 @@ def test_models_vllm_cannot_take_get_vllms_reason(engine, tok, base_policy):
 def _run_train(tmp_path, overrides):
     """``python train.py <overrides> hydra.run.dir=<tmp>``; checks vLLM ran, synced and the policy learned."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "train.py", *overrides, f"hydra.run.dir={tmp_path}"]
+    # debug=smoke keeps the experiment's lr (1e-6): the tiny model needs a larger one to move visibly
+    cmd = [sys.executable, "train.py", *overrides, "optim.lr=1e-3", f"hydra.run.dir={tmp_path}"]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     log = (tmp_path / "train.log").read_text()
@@ -397,7 +398,21 @@ def test_train_py_kk_lopti_smoke_through_vllm(tmp_path):
     from conftest import FIXTURES
 
     data = [] if (FIXTURES / "kk" / "kk_train_34567ppl.jsonl.gz").exists() else ["data=kk_generated"]
-    _run_train(tmp_path, ["experiment=kk_lopti", "debug=smoke", "rollout=vllm", *data])
+    # with the engine's log-probs: the rollout/trainer mismatch is logged per bucket, and TIS corrects it
+    _run_train(tmp_path, ["experiment=kk_lopti", "debug=smoke", "rollout=vllm", "rollout.return_logprobs=true",
+                          "algorithm.rollout_correction.mode=tis", *data])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
+    acc = EventAccumulator(str(events[0].parent), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for name in ("abs_diff_mean", "abs_diff_max", "k3_kl", "ratio_outside_frac", "tokens"):
+        assert f"mismatch/{name}" in tags, sorted(t for t in tags if t.startswith("mismatch"))
+    # the tiny random model puts every p_old in the lowest bucket: its per-bucket tags are there
+    assert {"mismatch/abs_diff_mean/0.00-0.25", "mismatch/tokens/0.00-0.25"} <= tags
+    assert [e.step for e in acc.Scalars("mismatch/abs_diff_mean")] == [1, 2]
+    assert all(e.value < 1e-2 for e in acc.Scalars("mismatch/abs_diff_mean"))  # fp32 vLLM vs fp32 trainer
 
 
 def test_train_py_dsr_uniform_smoke_through_vllm(tmp_path):

@@ -9,10 +9,35 @@ were sampled from the same prompt) and return one advantage per response, ``[N]`
 * ``drgrpo`` A_i = r_i − mean_g (no std normalisation; Dr. GRPO).
 * ``rloo``   A_i = r_i − mean_{j≠i in g} r_j (leave-one-out baseline); 0 for a group of one.
 
-A group whose rewards are all equal gets A = 0 under every estimator.
+A group whose rewards are all equal gets A = 0 under every group-baseline estimator.
+
+Those three take one scalar per response. The registered estimators (``ADVANTAGE_ESTIMATORS``,
+chosen by ``algorithm.advantage``) all take the **token rewards** ``[B, T]`` instead, verl's
+``token_level_rewards``: the outcome reward on each response's last valid token
+(:func:`outcome_token_rewards`), minus ``β·KL`` on every token when ``algorithm.kl_in=reward``.
+The group estimators score a response by the sum of its token rewards (so with ``kl_in=loss`` that
+is the outcome reward itself) and broadcast the advantage to its tokens; the REINFORCE++ estimators
+are per token:
+
+* ``reinforce_pp``          G_t = Σ_{k≥t} γ^{k−t} r_k (the return, reset after the response's last
+                            valid token), then whitened over every valid token of the batch:
+                            (G − μ) / sqrt(σ² + 1e-8), μ and σ² (unbiased, n/(n−1)) over all ranks.
+                            Restates ``compute_reinforce_plus_plus_outcome_advantage`` and
+                            ``masked_whiten``/``masked_var`` (zhyang2226/AR-Lopti,
+                            ``verl/trainer/ppo/core_algos.py``, ``verl/utils/torch_functional.py``).
+                            γ = 1 gives the outcome reward on every token. No group baseline.
+* ``reinforce_pp_baseline`` s_i − mean_g (group of one: mean 0), broadcast to the tokens, then
+                            whitened as above (verl's current ``core_algos``,
+                            ``compute_reinforce_plus_plus_baseline_outcome_advantage``).
+
+Whitening uses the **global** batch: ``reduce`` sums a tensor over data-parallel ranks (identity on
+one process), so 1 rank and N ranks give the same advantages. ``eps`` (``algorithm.adv_eps``) is
+the group estimators'; the whitening's 1e-8 is fixed, as in the official code.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -54,19 +79,91 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
     return (r - others).float()
 
 
+Reduce = Callable[[Tensor], Tensor]
+
+
+def _local(t: Tensor) -> Tensor:
+    return t
+
+
+def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
+    """``[B]`` → ``[B, T]``: each response's reward on its last valid token, 0 elsewhere (a response
+    with no valid token gets none). verl's ``token_level_scores``."""
+    mask = response_mask.to(torch.float32)
+    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    out = torch.zeros_like(mask)
+    out[torch.arange(mask.shape[0], device=mask.device), last] = rewards.to(mask)
+    return out * mask
+
+
+def masked_whiten(values: Tensor, mask: Tensor, reduce: Reduce = _local) -> Tensor:
+    """(x − μ) · rsqrt(σ² + 1e-8) with μ = Σx·m / Σm and the unbiased σ² = Σ(x − μ)²·m / Σm · n/(n−1),
+    n = Σm, every sum taken over all ranks through ``reduce`` (official ``masked_whiten``, which
+    also raises for n < 2). Not re-masked: callers multiply by the mask."""
+    m = mask.to(torch.float64)
+    x = values.to(torch.float64)
+    n = float(reduce(m.sum()))
+    if n < 2:
+        raise ValueError(f"whitening needs at least 2 valid tokens in the batch over all ranks, got {n:g}")
+    mean = reduce((x * m).sum()) / n
+    var = reduce(((x - mean) ** 2 * m).sum()) / n * (n / (n - 1))
+    return ((x - mean) * torch.rsqrt(var + 1e-8)).to(values.dtype)
+
+
+def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + γ·G_{t+1} from the end, the running return reset to 0 wherever the mask is 0
+    (official loop: after EOS nothing flows back into the response)."""
+    mask = response_mask.to(token_rewards.dtype)
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+        running = running * mask[:, t]
+    return returns
+
+
+def _sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
+    return (token_rewards * response_mask.to(token_rewards.dtype)).sum(-1)
+
+
 @ADVANTAGE_ESTIMATORS.register("grpo")
-def _grpo(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
-    return grpo_advantages(rewards, group_ids, eps=eps, norm_by_std=True)
+def _grpo(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
+          gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+    scores = _sequence_scores(token_rewards, response_mask)
+    return broadcast_to_tokens(grpo_advantages(scores, group_ids, eps=eps, norm_by_std=True), response_mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("drgrpo")
-def _drgrpo(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
-    return grpo_advantages(rewards, group_ids, eps=eps, norm_by_std=False)
+def _drgrpo(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
+            gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+    scores = _sequence_scores(token_rewards, response_mask)
+    return broadcast_to_tokens(grpo_advantages(scores, group_ids, eps=eps, norm_by_std=False), response_mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
-def _rloo(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
-    return rloo_advantages(rewards, group_ids)
+def _rloo(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
+          gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+    return broadcast_to_tokens(rloo_advantages(_sequence_scores(token_rewards, response_mask), group_ids),
+                               response_mask)
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp")
+def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor | None = None, *,
+                            eps: float = 1e-6, gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+    """REINFORCE++ (module docstring): whitened discounted returns; ``group_ids`` and ``eps`` unused."""
+    mask = response_mask.to(torch.float32)
+    returns = discounted_returns(token_rewards.to(torch.float32), mask, gamma)
+    return masked_whiten(returns, mask, reduce) * mask
+
+
+@ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline")
+def reinforce_pp_baseline_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *,
+                                     eps: float = 1e-6, gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+    """REINFORCE++ with a group-mean baseline (module docstring); ``eps`` and ``gamma`` unused."""
+    mask = response_mask.to(torch.float32)
+    centred = grpo_advantages(_sequence_scores(token_rewards, mask), group_ids, norm_by_std=False)
+    return masked_whiten(broadcast_to_tokens(centred, mask), mask, reduce) * mask
 
 
 def broadcast_to_tokens(advantages: Tensor, response_mask: Tensor) -> Tensor:

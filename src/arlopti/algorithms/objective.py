@@ -1,14 +1,25 @@
 """The full per-micro-batch objective the learner back-propagates.
 
-    loss = PG(A_phase, m) + β · agg(KL ⊙ m_phase, m) − c_H · agg(H ⊙ m_phase, m)
+    loss = PG(A_phase, m; w) + β · agg(KL ⊙ m_phase, m) − c_H · agg(H ⊙ m_phase, m)
 
-* ``PG`` is :func:`~arlopti.algorithms.policy_loss.policy_loss` on the phase's advantages
-  (already zero outside the phase: AR-weighted, then Lopti-masked);
+* ``PG`` is :func:`~arlopti.algorithms.policy_loss.policy_loss` (``cfg.policy_loss``: ``ppo_clip``,
+  ``gspo`` or ``cispo``) on the phase's advantages (already zero outside the phase: AR-weighted,
+  then Lopti-masked), each token's loss times ``w`` (``token_weight``: the rollout-mismatch
+  correction of :mod:`.mismatch`, 1 without one);
+* the β·KL term is there only with ``cfg.kl_in == "loss"``; with ``"reward"`` β already acted on
+  the token rewards before the advantages (:mod:`.advantages`) and KL is only measured;
 * ``m`` is the **full** response mask: every term is normalised by all valid tokens (or
   sequences), not by the phase's own, which is the official behaviour (``normalize="all"``).
   With ``normalize="phase"`` the phase's own tokens are the mask and the denominator instead;
 * the KL (against the frozen reference) and the entropy bonus are masked to the phase's
   tokens ``m_phase``, so over the two Lopti phases each token's KL counts exactly once.
+
+With a token method (``cfg.token_method.name`` other than ``none``, :mod:`.token_methods`), its
+:class:`~.token_methods.TokenShaping` is computed from this call's own (detached) inputs and
+applied: ``A ← w·A``, the keep mask multiplies each token's policy loss (with ``token_weight``),
+per-token clip bounds replace ``clip_low``/``clip_high``, the KL term is weighted per token, and
+KL-Cov's ``κ_t·|logπ − logπ_old|`` is added under the same aggregation. Without one (or a config
+without the field, e.g. :class:`LossConfig`), the result is bit-identical to before the field existed.
 
 ``scale`` and ``horizon`` are forwarded to :func:`~arlopti.algorithms.aggregation.aggregate`
 (the learner passes the mini-batch-wide, all-rank count there).
@@ -28,11 +39,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 
 from arlopti.algorithms.aggregation import aggregate
 from arlopti.algorithms.kl import kl_penalty
 from arlopti.algorithms.policy_loss import policy_loss
+from arlopti.algorithms.token_methods import TokenShaping, make_context, token_shaping
 
 
 @dataclass(frozen=True)
@@ -44,29 +57,51 @@ class LossConfig:
     kl_coef: float = 0.001
     kl_estimator: str = "low_var_kl"
     entropy_coef: float = 0.0
+    policy_loss: str = "ppo_clip"
+    kl_in: str = "loss"
 
 
 def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
                    phase_mask: Tensor, cfg: LossConfig, ref_log_probs: Tensor | None = None,
                    entropy: Tensor | None = None, scale: float | None = None, horizon: int | None = None,
-                   normalize: str = "all") -> tuple[Tensor, dict[str, float]]:
-    """Loss of one micro-batch for one phase (module docstring). Returns (loss, metrics)."""
+                   normalize: str = "all", token_weight: Tensor | None = None,
+                   base_advantages: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Loss of one micro-batch for one phase (module docstring). Returns (loss, metrics).
+
+    ``base_advantages`` (the estimator's, before AR): when given, the metrics also hold the
+    effective weight per bucket (:func:`effective_weights`)."""
     if normalize not in ("all", "phase"):
         raise ValueError(f"algorithm.lopti.normalize={normalize!r}: use 'all' (official) or 'phase'")
     phase_mask = phase_mask.to(log_probs.dtype)
     denom_mask = response_mask.to(log_probs.dtype) if normalize == "all" else phase_mask
     adv = advantages * phase_mask
-    loss, metrics = policy_loss(log_probs, old_log_probs, adv, denom_mask, cfg.clip_low, cfg.clip_high,
+    method = getattr(cfg, "token_method", None)
+    shaping = None
+    clip_low, clip_high = cfg.clip_low, cfg.clip_high
+    if method is not None and method.name != "none":
+        shaping = token_shaping(make_context(log_probs, old_log_probs, adv, response_mask, phase_mask, entropy,
+                                             cfg.clip_low, cfg.clip_high), method)
+        adv, token_weight, clip_low, clip_high = _apply_shaping(shaping, adv, token_weight, clip_low, clip_high)
+    loss, metrics = policy_loss(log_probs, old_log_probs, adv, denom_mask, clip_low, clip_high,
                                 cfg.dual_clip, cfg.loss_agg, scale=scale, horizon=horizon, metrics_mask=phase_mask,
-                                with_token_loss=True)
+                                with_token_loss=True, name=getattr(cfg, "policy_loss", "ppo_clip"),
+                                token_weight=token_weight, ratio_mask=response_mask)
+    if base_advantages is not None:
+        metrics.update(effective_weights(adv, token_weight, base_advantages, old_log_probs, phase_mask))
     per_token = metrics["pg_loss"]
+    if shaping is not None:
+        loss, per_token = _add_shaping_terms(shaping, loss, per_token, log_probs, old_log_probs, phase_mask,
+                                             denom_mask, token_weight, cfg, scale, horizon)
     if cfg.kl_coef > 0:
         if ref_log_probs is None:
             raise ValueError("algorithm.kl_coef > 0 needs reference log-probs")
         kl_tok = kl_penalty(log_probs, ref_log_probs, cfg.kl_estimator) * phase_mask
-        loss = loss + cfg.kl_coef * aggregate(kl_tok, denom_mask, cfg.loss_agg, scale=scale, horizon=horizon)
+        if shaping is not None and shaping.kl_weight is not None:
+            kl_tok = kl_tok * shaping.kl_weight.to(kl_tok.dtype)
         metrics["kl"] = _token_mean(kl_tok, phase_mask)
-        per_token += cfg.kl_coef * metrics["kl"]
+        if getattr(cfg, "kl_in", "loss") == "loss":
+            loss = loss + cfg.kl_coef * aggregate(kl_tok, denom_mask, cfg.loss_agg, scale=scale, horizon=horizon)
+            per_token += cfg.kl_coef * metrics["kl"]
     if entropy is not None:
         metrics["entropy"] = _token_mean(entropy * phase_mask, phase_mask)
         if cfg.entropy_coef:
@@ -75,6 +110,66 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
             per_token -= cfg.entropy_coef * metrics["entropy"]
     metrics["loss"] = per_token
     return loss, metrics
+
+
+def effective_weights(advantages: Tensor, token_weight: Tensor | None, base_advantages: Tensor,
+                      old_log_probs: Tensor, phase_mask: Tensor) -> dict[str, float]:
+    """How much each token's policy gradient is scaled relative to GRPO, per bucket of p_old.
+
+    At ratio 1 (no clip active) a token's gradient is −A_t·c_t·∇logπ_t, against GRPO's
+    −A_base,t·∇logπ_t, so its multiplier is m_t = A_t·c_t / A_base,t: AR's weight times the token
+    method's advantage weight and keep mask times the rollout correction's weight (``token_weight``).
+    Per-token clip bounds (Archer) and penalties (KL-Cov) act only off ratio 1 and are not in it.
+    Over the phase's tokens with A_base ≠ 0: ``effective_weight/<b>`` the mean m_t in bucket ``<b>``
+    (:data:`arlopti.analysis.buckets.BUCKET_NAMES`) and ``effective_weight_tokens/<b>`` their count
+    (the learner weighs the means by it). Over the two Lopti phases each token counts once.
+    """
+    from arlopti.analysis.buckets import BUCKET_NAMES, bucket_index
+
+    with torch.no_grad():
+        c = advantages.detach().float() if token_weight is None else (advantages * token_weight).detach().float()
+        base = base_advantages.detach().float()
+        valid = phase_mask.bool() & (base != 0)
+        m = torch.where(valid, c / torch.where(valid, base, torch.ones_like(base)), torch.zeros_like(base))
+        b = bucket_index(torch.exp(old_log_probs.detach().float()).clamp(0.0, 1.0))
+        out = {}
+        for i, name in enumerate(BUCKET_NAMES):
+            sel = valid & (b == i)
+            n = int(sel.sum())
+            out[f"effective_weight_tokens/{name}"] = float(n)
+            if n:
+                out[f"effective_weight/{name}"] = float(m[sel].mean())
+    return out
+
+
+def _apply_shaping(shaping: TokenShaping, adv: Tensor, token_weight: Tensor | None, clip_low, clip_high):
+    """A token method's advantage weight, keep mask (folded into the per-token loss weight) and
+    per-token clip bounds (module docstring of :mod:`.token_methods`)."""
+    if shaping.adv_weight is not None:
+        adv = adv * shaping.adv_weight.to(adv.dtype)
+    if shaping.keep is not None:
+        keep = shaping.keep.to(adv.dtype)
+        token_weight = keep if token_weight is None else token_weight * keep
+    if shaping.clip_low is not None:
+        clip_low = shaping.clip_low.to(adv.dtype)
+    if shaping.clip_high is not None:
+        clip_high = shaping.clip_high.to(adv.dtype)
+    return adv, token_weight, clip_low, clip_high
+
+
+def _add_shaping_terms(shaping: TokenShaping, loss: Tensor, per_token: float, log_probs: Tensor,
+                       old_log_probs: Tensor, phase_mask: Tensor, denom_mask: Tensor, token_weight: Tensor | None,
+                       cfg, scale, horizon) -> tuple[Tensor, float]:
+    """KL-Cov's + κ_t·|logπ − logπ_old| on the phase's tokens, times the per-token loss weight,
+    under the same aggregation: the same as adding it to those tokens' policy loss (verl adds it
+    to ``pg_losses`` before ``agg_loss``). No new metric tags (docs/metrics.md lists what is written)."""
+    if shaping.abs_log_ratio_coef is not None:
+        pen = shaping.abs_log_ratio_coef.to(log_probs.dtype) * (log_probs - old_log_probs.detach()).abs() * phase_mask
+        if token_weight is not None:
+            pen = pen * token_weight.detach()
+        loss = loss + aggregate(pen, denom_mask, cfg.loss_agg, scale=scale, horizon=horizon)
+        per_token += _token_mean(pen, phase_mask)
+    return loss, per_token
 
 
 def _token_mean(values: Tensor, mask: Tensor) -> float:

@@ -1,18 +1,44 @@
-"""The PPO-clip policy loss with asymmetric clipping and dual-clip (as in the official code).
+"""Policy losses, chosen by ``algorithm.policy_loss`` (registry ``POLICY_LOSSES``).
 
-Per token, with ratio ρ = exp(logπ_θ − logπ_old) and advantage A:
+Every loss maps ``(logπ_θ, logπ_old, A, response_mask, ε_low, ε_high, dual_clip)`` to an
+unreduced per-token loss ``[B, T]``, reduced afterwards by :mod:`.aggregation`. With
+ρ_t = exp(logπ_θ,t − logπ_old,t) (log-ratio clamped to [−20, 20], for numerical safety only):
 
-    l₁ = −A·ρ
-    l₂ = −A·clip(ρ, 1 − ε_low, 1 + ε_high)
-    l  = max(l₁, l₂)                         (PPO clip; clip-higher when ε_high > ε_low)
-    l  = min(l, −A·c)        where A < 0      (dual-clip: caps the loss of negative-advantage
-                                               tokens whose ratio exploded, c = dual_clip)
+``ppo_clip`` (the official code's loss, the default)::
 
-The loss is ``aggregate(l, response_mask, agg, scale)`` (see :mod:`.aggregation`); with
-``token-mean`` that is Σ l·m / Σ m. Gradients: where no clip is active, ∂l/∂logπ_t = −A_t·ρ_t,
-so token t's gradient is proportional to its (reweighted) advantage.
+    l₁ = −A·ρ,  l₂ = −A·clip(ρ, 1 − ε_low, 1 + ε_high),  l = max(l₁, l₂)   (clip-higher: ε_high > ε_low)
+    l  = min(l, −A·c)   where A < 0                                         (dual-clip, c = dual_clip)
 
-``log π − log π_old`` is clamped to [−20, 20] before the exponential, for numerical safety only.
+  Where no clip is active ∂l/∂logπ_t = −A_t·ρ_t.
+
+``gspo`` (Zheng et al. 2025, arXiv 2507.18071, GSPO-token, eq. 13-14; confirmed against verl's
+``compute_policy_loss_gspo`` in ``verl/trainer/ppo/core_algos.py``)::
+
+    log s_i = (1/|y_i|) Σ_t m_t·(logπ_θ,t − logπ_old,t)          (geometric-mean sequence ratio)
+    s_i,t   = exp(sg[log s_i] + logπ_θ,t − sg[logπ_θ,t])          (value s_i; gradient through token t only)
+    l       = max(−A_t·s_i,t, −A_t·clip(s_i,t, 1 − ε_low, 1 + ε_high))
+
+  log s_i,t is clamped above at 10 as in verl. With one advantage per response and
+  ``seq-mean-token-mean`` aggregation this is GSPO's sequence objective exactly; token advantages
+  (AR, Lopti's phase mask) still act per token, which is why the token form is used. GSPO's
+  published clip is ε_low = 3e-4, ε_high = 4e-4 (``algorithm=gspo``). No dual-clip.
+
+``cispo`` (MiniMax-M1, arXiv 2506.13585, eq. 4-5; confirmed against verl's and NeMo-RL's
+``compute_policy_loss_cispo``)::
+
+    l = −sg[clip(ρ_t, 1 − ε_low, 1 + ε_high)] · A_t · logπ_θ,t
+
+  The clipped importance weight is a constant, so every token keeps a gradient −A_t·ŵ_t (PPO's
+  clipped tokens get none). MiniMax-M1 sets no lower bound (ε_low = 1 here, ``algorithm=cispo``).
+  No dual-clip.
+
+How AR and Lopti enter, for every loss: AR multiplies A_t by (α·p_old + 1 − α) before the loss;
+Lopti's phase zeroes A_t outside the phase's tokens (:mod:`.objective`), and every loss's gradient
+at token t is proportional to A_t (GSPO's sequence ratio is a stop-gradient constant), so the
+other phase's tokens get exactly zero gradient (tests/algorithms/test_policy_loss.py).
+
+``token_weight`` (a detached ``[B, T]`` factor, the rollout-mismatch correction of
+:mod:`.mismatch`) multiplies the per-token loss before aggregation; the normaliser is unchanged.
 """
 
 from __future__ import annotations
@@ -21,16 +47,23 @@ import torch
 from torch import Tensor
 
 from arlopti.algorithms.aggregation import aggregate
+from arlopti.algorithms.registry import POLICY_LOSSES
 
 
-def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
-                          clip_low: float = 0.2, clip_high: float = 0.24,
-                          dual_clip: float | None = 10.0) -> tuple[Tensor, dict[str, Tensor]]:
-    """The unreduced loss ``[B, T]`` and boolean indicator maps of which clip was active."""
-    log_ratio = (log_probs - old_log_probs.detach()).clamp(-20.0, 20.0)
+def _token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
+    return (log_probs - old_log_probs.detach()).clamp(-20.0, 20.0)
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None = None,
+                  clip_low: float | Tensor = 0.2, clip_high: float | Tensor = 0.24,
+                  dual_clip: float | None = 10.0) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip with clip-higher and dual-clip (module docstring). Returns the loss ``[B, T]`` and
+    boolean maps of which clip was active, the ratio and the log-ratio."""
+    log_ratio = _token_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     l1 = -advantages * ratio
-    l2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    l2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     loss = torch.maximum(l1, l2)
     neg = advantages < 0
     dual_active = torch.zeros_like(neg)
@@ -40,32 +73,98 @@ def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: 
         cap = -advantages * dual_clip
         dual_active = neg & (loss > cap)
         loss = torch.where(neg, torch.minimum(loss, cap), loss)
-    indicators = {
+    return loss, _indicators(advantages, ratio, log_ratio, clip_low, clip_high, dual_active)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
+              clip_low: float | Tensor = 3e-4, clip_high: float | Tensor = 4e-4,
+              dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO-token (module docstring). ``ratio`` in the indicators is the sequence ratio s_i."""
+    _no_dual_clip("gspo", dual_clip)
+    mask = response_mask.to(log_probs.dtype)
+    log_ratio = _token_log_ratio(log_probs, old_log_probs)
+    seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    log_s = (log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
+    s = torch.exp(log_s)
+    loss = torch.maximum(-advantages * s, -advantages * torch.clamp(s, 1.0 - clip_low, 1.0 + clip_high))
+    seq = s.detach()
+    return loss, _indicators(advantages, seq, log_ratio, clip_low, clip_high, torch.zeros_like(advantages < 0))
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None = None,
+               clip_low: float | Tensor = 1.0, clip_high: float | Tensor = 0.28,
+               dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (module docstring): the clipped importance weight, detached, times A times logπ."""
+    _no_dual_clip("cispo", dual_clip)
+    log_ratio = _token_log_ratio(log_probs, old_log_probs)
+    ratio = torch.exp(log_ratio)
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high).detach()
+    loss = -weight * advantages * log_probs
+    ind = _indicators(advantages, ratio.detach(), log_ratio, clip_low, clip_high, torch.zeros_like(advantages < 0))
+    # CISPO clips the weight whatever the sign of A
+    ind["clip_high"] = ratio.detach() > 1.0 + clip_high
+    ind["clip_low"] = ratio.detach() < 1.0 - clip_low
+    return loss, ind
+
+
+def _no_dual_clip(name: str, dual_clip: float | None) -> None:
+    if dual_clip is not None:
+        raise ValueError(f"algorithm.policy_loss={name} has no dual-clip: set algorithm.dual_clip=null "
+                         f"(algorithm={name} does)")
+
+
+def _indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, clip_high,
+                dual_active: Tensor) -> dict[str, Tensor]:
+    return {
         "clip_high": (advantages > 0) & (ratio > 1.0 + clip_high),
-        "clip_low": neg & (ratio < 1.0 - clip_low),
+        "clip_low": (advantages < 0) & (ratio < 1.0 - clip_low),
         "clip_dual": dual_active,
         "ratio": ratio.detach(),
         "log_ratio": log_ratio.detach(),
     }
-    return loss, indicators
+
+
+def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
+                          clip_low: float | Tensor = 0.2, clip_high: float | Tensor = 0.24,
+                          dual_clip: float | None = 10.0, *, name: str = "ppo_clip",
+                          response_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The unreduced loss ``[B, T]`` of policy loss ``name`` and its indicator maps."""
+    if response_mask is None:
+        response_mask = torch.ones_like(log_probs)
+    return POLICY_LOSSES.get(name)(log_probs, old_log_probs, advantages, response_mask, clip_low, clip_high,
+                                   dual_clip)
 
 
 def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
-                clip_low: float = 0.2, clip_high: float = 0.24, dual_clip: float | None = 10.0,
+                clip_low: float | Tensor = 0.2, clip_high: float | Tensor = 0.24, dual_clip: float | None = 10.0,
                 agg: str = "token-mean", scale: float | None = None, horizon: int | None = None,
-                metrics_mask: Tensor | None = None, with_token_loss: bool = False) -> tuple[Tensor, dict[str, float]]:
-    """Aggregated PPO-clip loss (module docstring) and its metrics.
+                metrics_mask: Tensor | None = None, with_token_loss: bool = False, *, name: str = "ppo_clip",
+                token_weight: Tensor | None = None, ratio_mask: Tensor | None = None
+                ) -> tuple[Tensor, dict[str, float]]:
+    """Aggregated loss ``name`` (module docstring) and its metrics.
 
+    ``response_mask`` is the aggregation's mask (and its normaliser); ``ratio_mask`` (default: the
+    same) the tokens GSPO's sequence ratio averages over (a response's valid tokens).
     ``metrics_mask`` (default: ``response_mask``) selects the tokens the metrics describe,
     e.g. one Lopti phase's tokens while the loss is still normalised by all tokens.
+    ``token_weight`` multiplies the per-token loss (rollout correction).
     Metrics: ``clip_frac_low``, ``clip_frac_high``, ``clip_frac_dual`` (fractions of those tokens
     where each clip is active), ``approx_kl`` (mean of logπ_old − logπ, the k1 estimate of
     KL(π_old‖π_θ)), ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``tokens`` (how many tokens they
     describe); with ``with_token_loss`` also ``pg_loss``, the mean per-token loss over those tokens.
     """
-    loss_tok, ind = per_token_policy_loss(log_probs, old_log_probs, advantages, clip_low, clip_high, dual_clip)
+    loss_tok, ind = per_token_policy_loss(log_probs, old_log_probs, advantages, clip_low, clip_high, dual_clip,
+                                          name=name, response_mask=response_mask if ratio_mask is None else ratio_mask)
+    if token_weight is not None:
+        loss_tok = loss_tok * token_weight.detach()
     loss = aggregate(loss_tok, response_mask, agg, scale=scale, horizon=horizon)
-    mm = (response_mask if metrics_mask is None else metrics_mask).bool()
+    return loss, _metrics(loss_tok, ind, response_mask if metrics_mask is None else metrics_mask, with_token_loss)
+
+
+def _metrics(loss_tok: Tensor, ind: dict[str, Tensor], mask: Tensor, with_token_loss: bool) -> dict[str, float]:
+    mm = mask.bool()
     n = mm.sum().clamp(min=1)
     with torch.no_grad():
         ratio = ind["ratio"]
@@ -81,4 +180,4 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, re
         }
         if with_token_loss:
             metrics["pg_loss"] = float((loss_tok * mm).sum() / n)
-    return loss, metrics
+    return metrics

@@ -31,3 +31,6 @@ class Registry:
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 KL_ESTIMATORS = Registry("KL estimator")
 LOSS_AGGREGATIONS = Registry("loss aggregation")
+POLICY_LOSSES = Registry("policy loss")
+ROLLOUT_CORRECTIONS = Registry("rollout correction")
+TOKEN_METHODS = Registry("token method")

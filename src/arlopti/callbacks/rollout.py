@@ -2,30 +2,60 @@
 
 In ``on_train_batch_start`` it (1) syncs the engine's weights if the learner's
 ``weight_version`` moved, (2) samples ``sizes.group_size`` responses per prompt of this rank's
-share of the batch, (3) scores them with the task reward, and (4) attaches an
+share of the batch, (3) scores them with the task reward (plus DAPO's overlong shaping when
+``algorithm.dapo.overlong_buffer > 0``: :func:`arlopti.algorithms.dapo.overlong_penalty`, with
+``L_max = rollout.max_new_tokens`` and lengths in response tokens, logged as the reward component
+``overlong_penalty``), (4) with ``algorithm.dapo.dynamic_sampling`` keeps only the groups that
+carry signal, sampling more prompts until enough do (below), and (5) attaches an
 :class:`~arlopti.learner.experience.Experience` to the batch as ``batch.experience``. The
 learner never calls the engine or a reward: the split is deliberate, so either side can be
 swapped (HF ↔ vLLM, K&K ↔ math) without touching the other.
 
 Seeds: the step's sampling seed is derived from ``rollout.seed``, the rollout step and the
 rank; each response then gets its own seed from (step seed, prompt, sample), see
-:func:`arlopti.rollout.hf.sample_seed`.
+:func:`arlopti.rollout.hf.sample_seed`. Dynamic sampling's round ``k >= 1`` derives its own
+seed from the step seed and ``k`` (:func:`round_seed`); round 0 is the step seed itself.
+
+Dynamic sampling (DAPO §3.2; :mod:`arlopti.algorithms.dapo`), exact under data parallelism:
+
+* round 0 is the step's batch; round ``k >= 1`` is ``P`` more prompts over all ranks from
+  :meth:`arlopti.data.prompt_datamodule.PromptDataModule.extra_batch` (a pure function of the
+  seed, the step's data position and ``k``, so a resumed run draws the same prompts);
+* after each round the ranks all-gather their groups' signal flags (rewards not all equal), so
+  every rank sees the same global list and takes the same decision: another round while fewer
+  than ``P = sizes.prompts_per_step`` groups carry signal and fewer than
+  ``algorithm.dapo.max_gen_batches`` rounds ran;
+* the step trains on the first ``P`` groups with signal in generation order (round, then global
+  prompt index), cut to a multiple of the world size, and rank ``r`` takes the ``r``-th
+  contiguous share: the groups a rank trains on may have been generated on another rank, and
+  are moved there (one ``all_gather_object`` of the groups that change rank). The trained set
+  therefore depends on the global rollout only, not on the number of ranks (1 rank = N ranks,
+  tests/distributed/test_dynamic_sampling.py), and every rank holds the same number of groups;
+* fewer than ``P`` after the last round: train on those (fewer rows, so the last mini-batch may
+  be smaller); none (or fewer than the world size): train on round 0's groups unfiltered, logged
+  as ``dapo/no_signal_fallback`` (:func:`arlopti.algorithms.dapo.select_groups` says why).
+
+Logged every step (``Experience.sampling_stats`` → ``dapo/*``, docs/metrics.md): the generation
+rounds, the groups generated, the kept fraction (groups with signal / groups generated) and the
+groups trained on. ``batch``'s own prompt lists still describe the main batch; the experience
+holds the groups trained on.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import lightning.pytorch as L
 import torch
 
+from arlopti.algorithms.dapo import has_signal, need_more_rounds, overlong_penalty, select_groups
 from arlopti.config import RolloutConfig
 from arlopti.learner.experience import build_experience
-from arlopti.rollout.engine import RolloutEngine, SamplingConfig
+from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
 from arlopti.rollout.hf import sample_seed
-from arlopti.tasks.base import Task, get_task
+from arlopti.tasks.base import RewardResult, Task, get_task
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +74,34 @@ def build_engine(cfg: RolloutConfig, pl_module, trainer=None) -> RolloutEngine:
 
         return VLLMEngine.from_policy(pl_module.policy, pl_module.tokenizer, cfg)
     raise ValueError(f"rollout.backend={cfg.backend!r}: use 'hf' or 'vllm'")
+
+
+def round_seed(base: int, rollout_step: int, rank: int, round_index: int = 0) -> int:
+    """The sampling seed of one generation round: round 0 is the step seed
+    ``sample_seed(base, rollout_step, rank)``, round ``k >= 1`` is ``sample_seed(step seed, k, 0)``
+    (31 bits)."""
+    step = sample_seed(base, rollout_step, rank) & 0x7FFFFFFF
+    return step if round_index == 0 else sample_seed(step, round_index, 0) & 0x7FFFFFFF
+
+
+@dataclass
+class Group:
+    """One prompt and its scored responses (what dynamic sampling keeps, drops or moves)."""
+
+    prompt_ids: list[int]
+    prompt_text: str
+    meta: dict
+    completions: list[Completion]
+    results: list[RewardResult]
+
+
+def shape_overlong(results: list[RewardResult], lengths: list[int], max_len: int, buffer: int,
+                   factor: float) -> list[RewardResult]:
+    """The results with DAPO's overlong penalty added to each reward and recorded as the component
+    ``overlong_penalty`` (:func:`arlopti.algorithms.dapo.overlong_penalty`)."""
+    pen = overlong_penalty(torch.tensor(lengths), max_len, buffer, factor).tolist()
+    return [replace(r, reward=r.reward + p, components={**r.components, "overlong_penalty": p})
+            for r, p in zip(results, pen)]
 
 
 class RolloutCallback(L.Callback):
@@ -67,7 +125,7 @@ class RolloutCallback(L.Callback):
 
     def task(self, name: str) -> Task:
         if name not in self._tasks:
-            self._tasks[name] = get_task(name, **self.task_kwargs.get(name, {}))
+            self._tasks[name] = get_task(name, **(self.task_kwargs.get(name) or {}))
         return self._tasks[name]
 
     def sampling(self, pl_module, step_seed: int) -> SamplingConfig:
@@ -78,30 +136,131 @@ class RolloutCallback(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         rank = trainer.global_rank
-        step_seed = sample_seed(pl_module.cfg.rollout.seed, pl_module.rollout_step, rank) & 0x7FFFFFFF
         engine = self.engine
+        timings = {"rollout_s": 0.0, "scoring_s": 0.0, "sync_s": 0.0}
         t0 = time.perf_counter()
         engine.wake()
-        synced = engine.sync_weights(pl_module.policy, pl_module.weight_version)
-        t_sync = time.perf_counter() - t0
-        completions = engine.generate(batch.prompt_ids, self.group_size, self.sampling(pl_module, step_seed))
-        engine.sleep()
-        t_gen = time.perf_counter() - t0 - t_sync
+        if engine.sync_weights(pl_module.policy, pl_module.weight_version):
+            timings["sync_s"] = time.perf_counter() - t0
+        seed = round_seed(pl_module.cfg.rollout.seed, pl_module.rollout_step, rank)
+        groups = self.generate_and_score(batch, pl_module, seed, timings)
+        stats: dict[str, float] = {}
+        if pl_module.cfg.algorithm.dapo.dynamic_sampling:
+            groups, stats = self.dynamic_sampling(trainer, pl_module, batch, groups, timings)
         t1 = time.perf_counter()
-        texts = [c.text for cs in completions for c in cs]
-        gts = [gt for gt, cs in zip(batch.ground_truths, completions) for _ in cs]
-        metas = [m for m, cs in zip(batch.metas, completions) for _ in cs]
-        names = [t for t, cs in zip(batch.tasks, completions) for _ in cs]
-        results = [None] * len(texts)
+        engine.sleep()
+        timings["rollout_s"] += time.perf_counter() - t1
+        exp = build_experience([g.prompt_ids for g in groups], [g.completions for g in groups],
+                               [r for g in groups for r in g.results], pad_id=pl_module.tokenizer.pad_token_id,
+                               group_offset=rank * len(groups), prompt_texts=[g.prompt_text for g in groups],
+                               metas=[g.meta for g in groups])
+        exp.timings = timings
+        exp.sampling_stats = stats
+        batch.experience = exp
+
+    def generate_and_score(self, prompts, pl_module, seed: int, timings: dict[str, float]) -> list[Group]:
+        """One generation round: ``group_size`` responses per prompt of the ``PromptBatch``, scored
+        by their tasks (and overlong-shaped); adds to ``timings``' ``rollout_s`` / ``scoring_s``."""
+        t0 = time.perf_counter()
+        completions = self.engine.generate(prompts.prompt_ids, self.group_size, self.sampling(pl_module, seed))
+        t1 = time.perf_counter()
+        timings["rollout_s"] += t1 - t0
+        flat = [c for cs in completions for c in cs]
+        texts = [c.text for c in flat]
+        gts = [gt for gt, cs in zip(prompts.ground_truths, completions) for _ in cs]
+        metas = [m for m, cs in zip(prompts.metas, completions) for _ in cs]
+        names = [t for t, cs in zip(prompts.tasks, completions) for _ in cs]
+        results: list = [None] * len(texts)
         for name in sorted(set(names)):
             idx = [i for i, n in enumerate(names) if n == name]
             scored = self.task(name).score([texts[i] for i in idx], [gts[i] for i in idx], [metas[i] for i in idx])
             for i, res in zip(idx, scored):
                 results[i] = res
-        t_score = time.perf_counter() - t1
-        pad = pl_module.tokenizer.pad_token_id
-        exp = build_experience(batch.prompt_ids, completions, results, pad_id=pad,
-                               group_offset=rank * len(batch), prompt_texts=batch.prompt_texts,
-                               metas=batch.metas)
-        exp.timings = {"rollout_s": t_gen, "scoring_s": t_score, "sync_s": t_sync if synced else 0.0}
-        batch.experience = exp
+        d, r = pl_module.cfg.algorithm.dapo, pl_module.cfg.rollout
+        if d.overlong_buffer > 0:
+            results = shape_overlong(results, [len(c.token_ids) for c in flat], r.max_new_tokens,
+                                     d.overlong_buffer, d.overlong_penalty)
+        timings["scoring_s"] += time.perf_counter() - t1
+        groups, start = [], 0
+        for i, cs in enumerate(completions):
+            groups.append(Group(prompts.prompt_ids[i], prompts.prompt_texts[i], prompts.metas[i], list(cs),
+                                results[start:start + len(cs)]))
+            start += len(cs)
+        return groups
+
+    def dynamic_sampling(self, trainer, pl_module, batch, first: list[Group], timings: dict[str, float]
+                         ) -> tuple[list[Group], dict[str, float]]:
+        """Rounds, selection and redistribution (module docstring). Returns this rank's groups to
+        train on and its ``sampling_stats``. Collective when distributed: every rank calls it once
+        per step and runs the same number of rounds."""
+        rank, world = trainer.global_rank, trainer.world_size
+        d = pl_module.cfg.algorithm.dapo
+        per_rank = len(first)
+        target = per_rank * world  # sizes.prompts_per_step
+        rounds = [first]
+        flags = [_gather_flags(_signal_flags(first), world)]
+        while need_more_rounds(sum(sum(f) for f in flags), target, len(rounds), d.max_gen_batches):
+            k = len(rounds)
+            extra = _datamodule_of(trainer).extra_batch(batch.position, k)
+            seed = round_seed(pl_module.cfg.rollout.seed, pl_module.rollout_step, rank, k)
+            rounds.append(self.generate_and_score(extra, pl_module, seed, timings))
+            flags.append(_gather_flags(_signal_flags(rounds[-1]), world))
+        selection = select_groups(flags, target, world)
+        mine = _my_groups(rounds, selection, rank, world, per_rank)
+        local_signal = sum(sum(f[rank * per_rank:(rank + 1) * per_rank]) for f in flags)
+        kept = sum(sum(f) for f in flags)
+        if rank == 0 and (kept < target or selection.fallback):
+            log.warning("dynamic sampling: %d of %d groups carry signal after %d round(s) "
+                        "(algorithm.dapo.max_gen_batches=%d); training on %s", kept, target, len(rounds),
+                        d.max_gen_batches, "round 0's groups unfiltered" if selection.fallback
+                        else f"{len(selection.groups)} groups")
+        generated = float(len(rounds) * per_rank)
+        stats = {"gen_rounds": float(len(rounds)), "groups_generated": generated,
+                 "kept_frac": local_signal / generated, "groups_trained": float(len(mine)),
+                 "no_signal_fallback": float(selection.fallback)}
+        return mine, stats
+
+
+def _signal_flags(groups: list[Group]) -> list[bool]:
+    if not groups:
+        return []
+    return has_signal(torch.tensor([[r.reward for r in g.results] for g in groups], dtype=torch.float64)).tolist()
+
+
+def _all_gather(obj, world: int) -> list:
+    """Every rank's ``obj``, in rank order (``torch.distributed.all_gather_object``; ``[obj]`` on one)."""
+    if world == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _gather_flags(local: list[bool], world: int) -> list[bool]:
+    """The round's flags of all ranks, rank 0's first: the global prompt order."""
+    return [f for part in _all_gather(local, world) for f in part]
+
+
+def _my_groups(rounds: list[list[Group]], selection, rank: int, world: int, per_rank: int) -> list[Group]:
+    """This rank's share of the selection; the groups generated elsewhere are all-gathered (only
+    those that change rank travel)."""
+    if world == 1:
+        return [rounds[k][i] for k, i in selection.groups]
+    n = len(selection.groups) // world
+    leaving = {(k, i): rounds[k][i - rank * per_rank] for j, (k, i) in enumerate(selection.groups)
+               if i // per_rank == rank and j // n != rank}
+    arrived: dict = {}
+    for part in _all_gather(leaving, world):
+        arrived.update(part)
+    return [rounds[k][i - rank * per_rank] if i // per_rank == rank else arrived[(k, i)]
+            for k, i in selection.share(rank, world)]
+
+
+def _datamodule_of(trainer):
+    dm = getattr(trainer, "datamodule", None)
+    if dm is None or not hasattr(dm, "extra_batch"):
+        raise RuntimeError("algorithm.dapo.dynamic_sampling=true needs the trainer's datamodule to be a "
+                           "PromptDataModule (its extra_batch draws the extra prompts); fit with datamodule=...")
+    return dm

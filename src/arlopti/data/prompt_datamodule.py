@@ -13,7 +13,17 @@ This base class then
   contiguous slice of the global batch, so whole prompts, and therefore whole GRPO groups,
   stay on one rank);
 * shuffles deterministically from ``seed`` and the epoch, and records the consumed position
-  so that a resumed run continues with the next unseen batch (``state_dict``).
+  so that a resumed run continues with the next unseen batch (``state_dict``);
+* hands out the **extra prompts of DAPO's dynamic sampling** (:meth:`PromptDataModule.extra_batch`):
+  round ``k >= 1`` of the rollout step whose main batch sits at ``position = (epoch, b)`` takes
+  the ``k``-th block of ``prompts_per_step`` prompts of a permutation drawn from
+  ``(seed, epoch, b)`` of the training prompts *other than that main batch* (all of them when
+  fewer than ``prompts_per_step`` are left; the blocks wrap around when the rounds need more
+  prompts than there are), rank ``r`` taking its contiguous ``P/W`` slice as for the main batch.
+  The extra prompts are a pure function of the seed and the step's data position, which a
+  checkpoint restores, so a resumed run draws the same ones; they do not advance the epoch
+  (the main sampler alone does), so an epoch still visits every prompt once as a main prompt,
+  and a prompt may come back later as an extra one (sampling with replacement across steps).
 
 Validation/benchmark sets are exposed as ``self.val_sets: dict[name, list[PromptSample]]``;
 they are scored by the benchmark-eval callback through the rollout engine, not by
@@ -161,6 +171,22 @@ class ResumableBatchSampler(Sampler):
         if epoch > self.epoch:
             self.epoch, self.consumed = epoch, 0
 
+    def extra_indices(self, position: tuple[int, int], round_index: int) -> list[int]:
+        """This rank's sample indices for dynamic-sampling round ``round_index`` (>= 1) of the step
+        whose main batch is at ``position``: the module docstring's rule, with the pool's
+        permutation drawn from ``numpy.random.default_rng([seed, epoch, batch, 0xDA90])``."""
+        if round_index < 1:
+            raise ValueError(f"round_index={round_index}: round 0 is the main batch; extra rounds start at 1")
+        epoch, b = int(position[0]), int(position[1])
+        main = self.order(epoch)[b * self.global_batch:(b + 1) * self.global_batch]
+        pool = np.setdiff1d(np.arange(self.num_samples), main)
+        if len(pool) < self.global_batch:
+            pool = np.arange(self.num_samples)
+        perm = np.random.default_rng([self.seed, epoch, b, 0xDA90]).permutation(pool)
+        per_rank = self.global_batch // self.world_size
+        start = (round_index - 1) * self.global_batch + self.rank * per_rank
+        return [int(perm[(start + j) % len(perm)]) for j in range(per_rank)]
+
     def mark_consumed(self, position: tuple[int, int]) -> None:
         epoch, batch = position
         self.epoch, self.consumed = epoch, batch + 1
@@ -255,6 +281,13 @@ class PromptDataModule(L.LightningDataModule):
         return DataLoader(_Indexed(self.train_samples), batch_sampler=self._sampler,
                           collate_fn=_collate, num_workers=self.num_workers,
                           generator=torch.Generator().manual_seed(self.seed))
+
+    def extra_batch(self, position: tuple[int, int], round_index: int) -> PromptBatch:
+        """This rank's extra prompts for dynamic-sampling round ``round_index`` (>= 1) of the rollout
+        step whose main batch is at ``position`` (module docstring); carries that ``position``."""
+        assert self._sampler is not None, "setup() first"
+        idx = self._sampler.extra_indices(position, round_index)
+        return collate_prompts([self.train_samples[i] for i in idx], position=tuple(position))
 
     def mark_consumed(self, batch: PromptBatch) -> None:
         if self._sampler is not None:

@@ -6,7 +6,7 @@ rewards; attached to the :class:`~arlopti.data.batch.PromptBatch` as ``batch.exp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -31,6 +31,9 @@ class Experience:
     metas: list[dict] = field(default_factory=list)
     engine_logprobs: Tensor | None = None  # [B, R] from the engine, if it returned them
     timings: dict[str, float] = field(default_factory=dict)
+    # DAPO dynamic sampling's per-rank counts (arlopti.callbacks.rollout; empty when it is off):
+    # gen_rounds, groups_generated, kept_frac, groups_trained, no_signal_fallback
+    sampling_stats: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -116,3 +119,31 @@ def build_experience(prompt_ids: list[list[int]], completions: list[list[Complet
         metas=[metas[i] for i, _ in flat] if metas else [],
         engine_logprobs=eng_lp,
     )
+
+
+def experience_of(batch) -> Experience:
+    """The experience the rollout callback attached to ``batch``."""
+    exp: Experience | None = getattr(batch, "experience", None)
+    if exp is None:
+        raise RuntimeError("the batch carries no experience: the learner's RolloutCallback "
+                           "(GRPOModule.configure_callbacks) attaches it before each step")
+    return exp
+
+
+def without_truncated(exp: Experience) -> Experience:
+    """DAPO's truncation masking (``algorithm.dapo.mask_truncated``): the same experience with the
+    responses cut at ``rollout.max_new_tokens`` masked out of the loss (their tokens leave every
+    normaliser too); the step's rollout metrics still describe every sampled response."""
+    keep = (~exp.truncated).to(exp.response_mask.dtype).unsqueeze(-1)
+    return replace(exp, response_mask=exp.response_mask * keep)
+
+
+def to_device(exp: Experience, device) -> Experience:
+    """Move the tensors the learner reads to ``device`` (in place; a no-op when already there)."""
+    if exp.input_ids.device == torch.device(device):
+        return exp
+    for name in ("input_ids", "attention_mask", "response_mask", "rewards", "group_ids", "truncated", "correct",
+                 "engine_logprobs"):
+        if getattr(exp, name) is not None:
+            setattr(exp, name, getattr(exp, name).to(device))
+    return exp

@@ -5,15 +5,18 @@ attached to the batch) and does exactly this:
 
 1. old log-probs ``logπ_old`` of the sampled tokens with the current weights (no grad, at the
    rollout temperature T) and, when β > 0, reference log-probs from the frozen initial policy;
-2. advantages: the configured estimator (``grpo`` by default) per response, broadcast to its
-   tokens; then AR, ``A ← (α·p_old + 1 − α)·A``, once, before any update;
+2. advantages: the configured estimator (``algorithm.advantage``, ``grpo`` by default) on the
+   token rewards (the outcome on the last token; minus β·KL per token under ``kl_in=reward``);
+   then AR, ``A ← (α·p_old + 1 − α)·A``, once, before any update (docs/algorithms.md);
 3. the phase plan: GRPO has one phase (all tokens); Lopti has ``[low, high]`` split at
    ``p_old < η`` (``reverse`` swaps them);
 4. optimizer steps. ``granularity=batch`` (official): for each phase, a full pass over all
    mini-batches → steps ``[low mb1 … low mbK, high mb1 … high mbK]``. ``granularity=minibatch``:
    ``[low mb1, high mb1, low mb2, …]``. Each step: zero grads, accumulate micro-batch
-   gradients (``manual_backward``), clip by global norm, ``opt.step()``, scheduler step.
-   ``ppo_epochs`` repeats the whole plan.
+   gradients (``manual_backward``) of :func:`~arlopti.algorithms.grpo_objective` (the policy
+   loss ``algorithm.policy_loss``, times the rollout correction's weight), clip by global norm,
+   ``opt.step()``, scheduler step. ``ppo_epochs`` repeats the whole plan. Under
+   ``dapo.mask_truncated`` truncated responses are masked out of all of it.
 
 Forward passes (none wasted). The no-grad passes of step 1 run longest response first in chunks
 of ``sizes.logprob_micro_batch_size`` (:func:`~arlopti.learner.policy.fill_logprobs`) under
@@ -87,11 +90,14 @@ import lightning.pytorch as L
 import torch
 from torch import Tensor
 
-from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, Phase, advantage_reweight, broadcast_to_tokens, grpo_objective,
+from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, Phase, advantage_reweight, grpo_objective, kl_penalty,
                                 normaliser, phase_plan)
+from arlopti.algorithms.advantages import outcome_token_rewards
+from arlopti.algorithms.mismatch import correction_weights
 from arlopti.algorithms.plan import first_step_inputs, phase_names, phase_pass_ends, step_order
 from arlopti.config import RunConfig, validate_once
-from arlopti.learner.experience import Experience
+from arlopti.learner.experience import Experience, experience_of, to_device, without_truncated
+from arlopti.learner.mismatch_metrics import add_mismatch_metrics
 from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard, tensors_finite
 from arlopti.learner.optim import build_optimizer
 from arlopti.learner.microbatch import micro_batches_of
@@ -226,6 +232,12 @@ class GRPOModule(L.LightningModule):
         t = torch.tensor(float(value), device=self.device, dtype=torch.float64)
         return float(self.trainer.strategy.reduce(t, reduce_op=op))
 
+    def _sum_over_ranks(self, t: Tensor) -> Tensor:
+        """Sum a tensor over data-parallel ranks (identity on one process)."""
+        if self.world == 1:
+            return t
+        return self.trainer.strategy.reduce(t.to(self.device), reduce_op="sum")
+
     def _micro_batches(self, rows: list[int], exp: Experience) -> list[list[int]]:
         """Micro-batches of mini-batch ``rows`` (:func:`~arlopti.learner.microbatch.micro_batches_of`);
         with a token budget their count is the max over ranks (each backward is a collective)."""
@@ -239,8 +251,9 @@ class GRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------ the step
     def training_step(self, batch, batch_idx: int):
-        exp = _to_device(_experience_of(batch), self.device)
+        sampled = to_device(experience_of(batch), self.device)
         a, s = self.cfg.algorithm, self.cfg.sizes
+        exp = without_truncated(sampled) if a.dapo.mask_truncated else sampled  # what the loss sees
         t0 = time.perf_counter()
         rows = list(range(len(exp)))
         per_rank = s.mini_batch_size // self.world
@@ -250,9 +263,7 @@ class GRPOModule(L.LightningModule):
         reuse = self._reuses_first_forward()
         # 1. old and reference log-probs (no grad); the first step's rows come from its own forward
         targets = self._log_probs(exp, skip=set(order[0][1]) if reuse else set())
-        targets.adv_raw = broadcast_to_tokens(
-            ADVANTAGE_ESTIMATORS.get(a.advantage)(exp.rewards, exp.group_ids, eps=a.adv_eps).to(self.device),
-            exp.response_mask)
+        targets.adv_raw = self._advantages(exp, targets)
         t_logp = time.perf_counter() - t0
         if not reuse:
             self._complete(targets, exp)
@@ -267,17 +278,31 @@ class GRPOModule(L.LightningModule):
         # 3. metrics
         self.rollout_step += 1
         timings = {"logprobs_s": t_logp, "update_s": time.perf_counter() - t0 - t_logp, **exp.timings}
-        self._step_metrics(metrics, exp, targets, names, micro_plan, timings, reused=len(order[0][1]) if reuse else 0)
-        self._finish_step(batch, exp, targets, metrics)
+        self._step_metrics(metrics, sampled, targets, names, micro_plan, timings,
+                           reused=len(order[0][1]) if reuse else 0)
+        self._finish_step(batch, sampled, targets, metrics)
         return None
 
     def _reuses_first_forward(self) -> bool:
         """Whether the first optimizer step takes its rows' old log-probs from its own forward
         (:func:`~arlopti.algorithms.plan.first_step_inputs`). Not with ``lopti.normalize=phase``: its
         loss denominator is the phase's token count over the whole mini-batch, needed before the
-        first micro-batch's backward."""
-        lo = self.cfg.algorithm.lopti
-        return self.reuse_old_logprobs and not (lo.enabled and lo.normalize == "phase")
+        first micro-batch's backward; nor with ``kl_in=reward``: the advantages need every token's
+        logπ_old before any backward."""
+        a = self.cfg.algorithm
+        kl_reward = a.kl_in == "reward" and a.kl_coef > 0
+        return self.reuse_old_logprobs and not (a.lopti.enabled and a.lopti.normalize == "phase") and not kl_reward
+
+    def _advantages(self, exp: Experience, t: _Targets) -> Tensor:
+        """Token advantages ``[B, R]`` before AR: the outcome reward on each response's last token,
+        minus β·KL(logπ_old, logπ_ref) per token under ``kl_in=reward``, through the configured
+        estimator (:mod:`arlopti.algorithms.advantages`; batch statistics summed over ranks)."""
+        a = self.cfg.algorithm
+        rewards = outcome_token_rewards(exp.rewards, exp.response_mask)
+        if a.kl_in == "reward" and t.ref is not None:
+            rewards = rewards - a.kl_coef * kl_penalty(t.old, t.ref, a.kl_estimator) * exp.response_mask
+        return ADVANTAGE_ESTIMATORS.get(a.advantage)(rewards, exp.response_mask, exp.group_ids, eps=a.adv_eps,
+                                                     gamma=a.gamma, reduce=self._sum_over_ranks)
 
     def _log_probs(self, exp: Experience, skip: set[int]) -> _Targets:
         """``logπ_old`` of every row not in ``skip`` and the reference log-probs of all rows, no grad,
@@ -342,13 +367,24 @@ class GRPOModule(L.LightningModule):
                 old, adv, pmask = t.old[idx, :r], t.adv[idx, :r], t.phases[phase].token_mask[idx, :r]
             loss, m = grpo_objective(logp, old, adv, sub.response_mask, pmask, a,
                                      ref_log_probs=None if t.ref is None else t.ref[idx, :r], entropy=ent, scale=scale,
-                                     horizon=self.cfg.rollout.max_new_tokens, normalize=a.lopti.normalize)
+                                     horizon=self.cfg.rollout.max_new_tokens, normalize=a.lopti.normalize,
+                                     token_weight=self._correction(old, sub), base_advantages=t.adv_raw[idx, :r])
             if scale is None:
                 loss = loss / len(micros)
             self.manual_backward(loss)
             total += float(loss.detach())
             add_objective_metrics(metrics, prefixes, m)
         return total
+
+    def _correction(self, old: Tensor, sub: Experience) -> Tensor | None:
+        """The rollout-mismatch weight of one micro-batch (``algorithm.rollout_correction``), or None."""
+        rc = self.cfg.algorithm.rollout_correction
+        if rc.mode == "none":
+            return None
+        if sub.engine_logprobs is None:
+            raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs: set rollout.return_logprobs=true")
+        return correction_weights(old, sub.engine_logprobs, sub.response_mask, rc.mode, cap=rc.cap,
+                                  mis_low=rc.mis_low, mis_high=rc.mis_high)
 
     def _step_or_skip(self, loss: float, metrics: MetricSet, prefixes: list[str]) -> None:
         """Clip by the global norm and step, or skip a non-finite step (decided over all ranks)."""
@@ -396,6 +432,8 @@ class GRPOModule(L.LightningModule):
             if len(names) > 1:
                 metrics.add(f"update/{name}/skipped_empty", float(t.empty[name] and skip_empty), "max")
         rollout_metrics(metrics, exp, t.old, list(t.phases.values()), self.cfg.algorithm.ar_alpha)
+        if exp.engine_logprobs is not None:  # rollout.return_logprobs: the engine/trainer mismatch
+            add_mismatch_metrics(metrics, t.old, exp.engine_logprobs, exp.response_mask)
         padding_metrics(metrics, exp, micro_plan)
         metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(exp)))
         for k, v in timings.items():
@@ -462,19 +500,3 @@ def _prefixes(names: list[str], phase: str) -> list[str]:
     """Metric prefixes of one phase's values: the combined ``update`` and, with several phases,
     ``update/<phase>``."""
     return ["update"] if len(names) == 1 else ["update", f"update/{phase}"]
-
-
-def _experience_of(batch) -> Experience:
-    exp: Experience | None = getattr(batch, "experience", None)
-    if exp is None:
-        raise RuntimeError("the batch carries no experience: the learner's RolloutCallback "
-                           "(GRPOModule.configure_callbacks) attaches it before each step")
-    return exp
-
-
-def _to_device(exp: Experience, device) -> Experience:
-    if exp.input_ids.device == torch.device(device):
-        return exp
-    for name in ("input_ids", "attention_mask", "response_mask", "rewards", "group_ids", "truncated", "correct"):
-        setattr(exp, name, getattr(exp, name).to(device))
-    return exp

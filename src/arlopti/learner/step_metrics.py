@@ -97,10 +97,29 @@ def add_objective_metrics(metrics: MetricSet, prefixes: list[str], values: Mappi
     tokens = float(values.get("tokens", 0.0))
     for prefix in prefixes:
         for key, value in values.items():
+            if key.startswith("effective_weight"):
+                _add_effective_weight(metrics, prefix, key, value, values)
+                continue
             kind = OBJECTIVE_KINDS.get(key, "mean")
             if kind in ("max", "min") and tokens == 0:
                 continue  # no token: no extreme to report
             metrics.add(f"{prefix}/{key}", value, kind, weight=tokens if kind == "mean" else 1.0)
+
+
+def _add_effective_weight(metrics: MetricSet, prefix: str, key: str, value: float, values: Mapping[str, float]) -> None:
+    """``effective_weight/<b>``: a mean weighted by its bucket's token count (the count itself is
+    not a tag); :func:`arlopti.algorithms.objective.effective_weights`."""
+    if key.startswith("effective_weight_tokens/"):
+        return
+    n = float(values.get("effective_weight_tokens/" + key.split("/", 1)[1], 0.0))
+    if n > 0:
+        metrics.add(f"{prefix}/{key}", value, "mean", weight=n)
+
+
+#: How DAPO dynamic sampling's per-rank counts (``Experience.sampling_stats``) combine over ranks;
+#: ``kept_frac`` is a mean weighted by the rank's ``groups_generated`` (so: kept / generated overall).
+SAMPLING_KINDS = {"gen_rounds": "max", "groups_generated": "sum", "kept_frac": "mean", "groups_trained": "sum",
+                  "no_signal_fallback": "max"}
 
 
 def rollout_metrics(metrics: MetricSet, exp, old_log_probs, phases, ar_alpha: float) -> None:
@@ -123,6 +142,10 @@ def rollout_metrics(metrics: MetricSet, exp, old_log_probs, phases, ar_alpha: fl
     metrics.add("rollout/tokens", n_tok, "sum")
     p = torch.exp(old_log_probs)[mask]
     metrics.add("rollout/token_prob_mean", float(p.mean()) if p.numel() else 0.0, weight=n_tok)
+    stats = getattr(exp, "sampling_stats", None) or {}
+    for k, v in stats.items():
+        weight = stats.get("groups_generated", 1.0) if k == "kept_frac" else 1.0
+        metrics.add(f"dapo/{k}", v, SAMPLING_KINDS[k], weight=weight)
     if ar_alpha > 0:
         w = ar_weights(old_log_probs, ar_alpha)[mask]
         metrics.add("ar/weight_mean", float(w.mean()) if w.numel() else 0.0, weight=n_tok)
