@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from arlopti.resume import RESOLVED_ENV, CheckpointError, find_last_checkpoint, resolve_ckpt_path, validate_checkpoint
+from helpers.zip_bytes import flip_entry_bytes
 
 
 @pytest.fixture()
@@ -150,21 +151,8 @@ def test_train_reads_the_run_directories_from_the_config(saved_ckpt, tmp_path):
 
 
 def flip_entry(path, suffix: str, n: int = 400) -> str:
-    """Invert ``n`` bytes in the middle of the zip entry whose name ends with ``suffix`` (a tensor
-    blob, stored uncompressed by torch); returns the entry's name."""
-    import struct
-    import zipfile
-
-    with zipfile.ZipFile(path) as z:
-        info = next(i for i in z.infolist() if i.filename.endswith(suffix))
-    data = bytearray(path.read_bytes())
-    h = info.header_offset
-    name_len, extra_len = struct.unpack("<HH", data[h + 26:h + 30])
-    start = h + 30 + name_len + extra_len + max(0, info.file_size // 2 - n // 2)
-    for i in range(start, start + min(n, info.file_size)):
-        data[i] ^= 0xFF
-    path.write_bytes(bytes(data))
-    return info.filename
+    """Invert ``n`` bytes in the middle of the zip entry whose name ends with ``suffix``; returns its name."""
+    return flip_entry_bytes(path, lambda z, i: i.filename.endswith(suffix), n)
 
 
 def storage_key(path, tensor_key: str) -> str:

@@ -41,6 +41,7 @@ from arlopti.callbacks.checkpointing import RolloutCheckpoint, config_mismatches
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.module import GRPOModule
 from helpers.toy import ToyDataModule, toy_trainer
+from helpers.zip_bytes import flip_entry_bytes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -272,22 +273,9 @@ def test_sigterm_exits_cleanly_and_kill_9_loses_only_uncheckpointed_steps(tmp_pa
 
 
 def flip_tensor_blob(path: Path, tensor: torch.Tensor, n: int = 400) -> str:
-    """Invert ``n`` bytes inside the zip entry holding ``tensor``'s bytes (torch stores entries
-    uncompressed); returns the entry's name."""
-    import struct
-    import zipfile
-
+    """Invert ``n`` bytes inside the zip entry holding ``tensor``'s bytes; returns the entry's name."""
     want = tensor.numpy().tobytes()
-    with zipfile.ZipFile(path) as z:
-        info = next(i for i in z.infolist() if "/data/" in i.filename and z.read(i) == want)
-    data = bytearray(path.read_bytes())
-    h = info.header_offset
-    name_len, extra_len = struct.unpack("<HH", data[h + 26:h + 30])
-    start = h + 30 + name_len + extra_len + max(0, info.file_size // 2 - n // 2)
-    for i in range(start, start + min(n, info.file_size)):
-        data[i] ^= 0xFF
-    path.write_bytes(bytes(data))
-    return info.filename
+    return flip_entry_bytes(path, lambda z, i: "/data/" in i.filename and z.read(i) == want, n)
 
 
 def test_a_damaged_last_ckpt_is_named_and_last_falls_back_to_the_previous_one(tiny_tokenizer, tmp_path, caplog,
