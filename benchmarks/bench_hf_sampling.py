@@ -1,17 +1,23 @@
-"""Generation speed of the HF engine: per-row ``torch.Generator`` noise (before) vs hashed noise (after).
+"""Generation speed of the HF engine, before and after issue 18's two changes to it.
 
 Issue 18: ``arlopti.rollout.hf._GumbelSampler`` drew its Gumbel noise with one ``torch.Generator``
 per response (one ``torch.rand`` per row per decoding step); it now hashes ``(seed, step, vocab
-index)`` in one batched op per step (:func:`arlopti.rollout.hf.gumbel_noise`). ``before`` below is
-:class:`PerRowGeneratorSampler`, a restatement of the old processor (the same filtering, arg-max
-and log-prob recording; only the noise source differs), swapped into the engine for the run.
+index)`` in one batched op per step (:func:`arlopti.rollout.hf.gumbel_noise`). And the engine
+decoded with transformers' ``generate``; it now runs its own loop over the model's forward
+(:func:`arlopti.rollout.hf.decode`, ``rollout.hf_decoder=loop``). Three variants:
 
-Setup: the ``bench_step`` model (random Qwen2, ``--hidden`` × ``--layers``, tiny BPE tokenizer),
+* ``before``: :class:`PerRowGeneratorSampler`, a restatement of the old processor (the same
+  filtering, arg-max and log-prob recording; only the noise source differs), in ``generate``;
+* ``hashed``: today's sampler in ``generate`` (``rollout.hf_decoder=generate``);
+* ``after``: today's sampler in our loop (the default engine).
+
+Setup: the ``bench_step`` model (random Qwen2, ``--hidden`` × ``--layers``, tiny BPE tokenizer;
+or ``--model smollm2-135m-instruct``, fp32),
 ``HFEngine.generate`` of ``--prompts`` prompts × ``--n`` samples, exactly ``--tokens`` new tokens
 (``min_new_tokens``), temperature 1, fp32 CPU, one ``generate`` batch. ``--rounds`` rounds, each
-timing one call of each variant, the order alternating every round (before, after / after,
-before); 1 untimed warm-up call each. tok/s = generated tokens / wall seconds of ``generate``;
-reported: the median over rounds per variant, and the median of the per-round ratios.
+timing one call of each variant, the order rotated every round; 1 untimed warm-up call each.
+tok/s = generated tokens / wall seconds of ``HFEngine.generate``; reported: the median over
+rounds per variant, and the medians of the per-round ratios to ``before``.
 
 ``--profile``: additionally print ``torch.profiler``'s top ops (self CPU time) of one call of each.
 
@@ -21,7 +27,8 @@ after: :meth:`arlopti.rollout.hf._GumbelSampler.noise`), for ``B × V`` in 8 × 
 model), 64 × 49,152 (SmolLM2's vocabulary) and 64 × 151,936 (Qwen2.5's); alternating, median of
 ``--rounds`` (each sample the mean of 5 calls).
 
-Usage: ``python benchmarks/bench_hf_sampling.py`` (about 1 min on 2 cores).
+Usage: ``python benchmarks/bench_hf_sampling.py`` (about 1 min on 2 cores);
+``python benchmarks/bench_hf_sampling.py --model smollm2-135m-instruct --prompts 2 --n 4 --tokens 64 --rounds 5``.
 Output: a table on stdout and ``benchmarks/out/bench_hf_sampling.json``.
 """
 
@@ -49,6 +56,11 @@ class PerRowGeneratorSampler:
         self.logprobs = []
 
     def __call__(self, input_ids, scores):
+        out = torch.full_like(scores, float("-inf"))
+        out.scatter_(-1, self.choose(scores)[:, None], 0.0)
+        return out
+
+    def choose(self, scores):
         from arlopti.rollout.hf import filter_logits
 
         s = self.sampling
@@ -61,19 +73,22 @@ class PerRowGeneratorSampler:
         choice = noisy.argmax(-1)
         if s.logprobs:
             self.logprobs.append(torch.log_softmax(z, -1).gather(-1, choice[:, None]).squeeze(-1))
-        out = torch.full_like(scores, float("-inf"))
-        out.scatter_(-1, choice[:, None], 0.0)
-        return out
+        return choice
 
 
-def _engine(hidden: int, layers: int, tokens: int):
-    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+def _engine(model_name: str, hidden: int, layers: int, tokens: int):
+    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer, load_causal_lm, load_tokenizer
     from arlopti.rollout.hf import HFEngine
 
-    tok = build_tiny_tokenizer()
     torch.manual_seed(0)
-    model = build_tiny_model(tok, TinySpec(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=4,
-                                           num_kv_heads=2, intermediate_size=2 * hidden, tie_word_embeddings=True))
+    if model_name == "tiny":
+        tok = build_tiny_tokenizer()
+        model = build_tiny_model(tok, TinySpec(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=4,
+                                               num_kv_heads=2, intermediate_size=2 * hidden,
+                                               tie_word_embeddings=True))
+    else:
+        tok = load_tokenizer(model_name)
+        model = load_causal_lm(model_name, tok, dtype="float32")
     model.generation_config.min_new_tokens = tokens
     return HFEngine(model, tok, generation_batch_size=1024), tok
 
@@ -116,6 +131,7 @@ def noise_only(rounds: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny", help="tiny (--hidden/--layers) or smollm2-135m-instruct")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--prompts", type=int, default=2)
@@ -135,14 +151,15 @@ def main(argv=None) -> int:
     from arlopti.rollout.engine import SamplingConfig
 
     after_cls = hf._GumbelSampler
-    variants = {"before": PerRowGeneratorSampler, "after": after_cls}
-    engine, tok = _engine(args.hidden, args.layers, args.tokens)
+    variants = {"before": (PerRowGeneratorSampler, "generate"), "hashed": (after_cls, "generate"),
+                "after": (after_cls, "loop")}
+    engine, tok = _engine(args.model, args.hidden, args.layers, args.tokens)
     prompts = [tok(f"Zoey said that Oliver is a knight {i}. Is Oliver a knight or a knave?")["input_ids"]
                for i in range(args.prompts)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.tokens, seed=0)
 
     def call(name: str) -> tuple[float, int]:
-        hf._GumbelSampler = variants[name]
+        hf._GumbelSampler, engine.decoder = variants[name]
         try:
             t0 = time.perf_counter()
             out = engine.generate(prompts, args.n, sampling)
@@ -154,22 +171,26 @@ def main(argv=None) -> int:
     for name in variants:  # warm-up
         call(name)
     tps = {k: [] for k in variants}
-    ratios = []
+    ratios = {k: [] for k in variants if k != "before"}
+    names = list(variants)
     for r in range(args.rounds):
-        order = list(variants) if r % 2 == 0 else list(variants)[::-1]
         got = {}
-        for name in order:
+        for name in names[r % len(names):] + names[:r % len(names)]:
             dt, ntok = call(name)
             assert ntok == args.prompts * args.n * args.tokens, ntok
             got[name] = ntok / dt
             tps[name].append(got[name])
-        ratios.append(got["after"] / got["before"])
-        print(f"  round {r + 1}: before {got['before']:.0f} tok/s, after {got['after']:.0f} tok/s", flush=True)
+        for k in ratios:
+            ratios[k].append(got[k] / got["before"])
+        print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.0f} tok/s" for k, v in got.items()), flush=True)
     rows = [{"variant": k, "median_tok_s": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
             for k, v in tps.items()]
     print(format_table(rows, ["variant", "median_tok_s", "min", "max", "n"]))
-    summary = {"after_over_before_medians": statistics.median(tps["after"]) / statistics.median(tps["before"]),
-               "after_over_before_paired_median": statistics.median(ratios)}
+    summary = {}
+    for k in ratios:
+        summary[f"{k}_over_before_medians"] = statistics.median(tps[k]) / statistics.median(tps["before"])
+        summary[f"{k}_over_before_paired_median"] = statistics.median(ratios[k])
+    summary["after_over_hashed_medians"] = statistics.median(tps["after"]) / statistics.median(tps["hashed"])
     for k, v in summary.items():
         print(f"{k}: {v:.3f}")
     prof = {}
@@ -182,8 +203,9 @@ def main(argv=None) -> int:
             table = p.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
             prof[name] = table
             print(f"--- profile of one generate call, {name} ---\n{table}")
-    path = write_json("bench_hf_sampling.json", {"args": vars(args), "tok_s": tps, "paired_ratios": ratios,
-                                                 "summary": summary, "profile": prof})
+    out_name = "bench_hf_sampling.json" if args.model == "tiny" else f"bench_hf_sampling_{args.model}.json"
+    path = write_json(out_name, {"args": vars(args), "tok_s": tps, "paired_ratios": ratios, "summary": summary,
+                                 "profile": prof})
     print(f"wrote {path}")
     return 0
 

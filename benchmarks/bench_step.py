@@ -27,9 +27,15 @@ Loss check (``--check-loss``): on identical fixed rollouts (varied lengths, fixe
 first-step loss and pre-clip gradient norm of ours and of TRL's ``_compute_loss`` on the same
 weights.
 
+The SmolLM2 size (``--model smollm2-135m-instruct --completion-len 256``): SmolLM2-135M-Instruct
+loaded in fp32 by both sides, the same 2 prompts × 4, completions of exactly 256 tokens.
+``--compare-decoder`` adds ours with ``rollout.hf_decoder=generate`` (transformers' ``generate``
+instead of our decoding loop), the before/after of the loop within one run.
+
 Usage:
-  python benchmarks/bench_step.py --quick     # 1 round x 2 timed steps per side, ~3-4 min on 2 cores
+  python benchmarks/bench_step.py --quick     # 1 round x 2 timed steps per side, ~1.5 min on 2 cores
   python benchmarks/bench_step.py             # 3 rounds x 3 timed steps per side
+  python benchmarks/bench_step.py --model smollm2-135m-instruct --completion-len 256 --no-lopti --rounds 3 --steps 2
 Output: a table on stdout and ``benchmarks/out/bench_step.json``.
 """
 
@@ -72,7 +78,8 @@ def build_model_dir(out: str, hidden: int, layers: int, inter: int) -> dict:
 
 # ------------------------------------------------------------------------------------- ours
 
-def _our_cfg(model_dir: str, lopti: bool, micro_batch_size: int = PROMPTS * GENERATIONS):
+def _our_cfg(model_dir: str, lopti: bool, micro_batch_size: int = PROMPTS * GENERATIONS,
+             completion_len: int = COMPLETION_LEN, decoder: str = "loop"):
     from arlopti.config import (AlgorithmConfig, LoptiConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig,
                                 SizesConfig)
 
@@ -85,7 +92,8 @@ def _our_cfg(model_dir: str, lopti: bool, micro_batch_size: int = PROMPTS * GENE
         sizes=SizesConfig(prompts_per_step=PROMPTS, group_size=GENERATIONS, mini_batch_size=n,
                           micro_batch_size=micro_batch_size, logprob_micro_batch_size=n),
         model=ModelConfig(name_or_path=model_dir, logprob_impl="fused"),
-        rollout=RolloutConfig(temperature=1.0, max_new_tokens=COMPLETION_LEN, generation_batch_size=n))
+        rollout=RolloutConfig(temperature=1.0, max_new_tokens=completion_len, generation_batch_size=n,
+                              hf_decoder=decoder))
 
 
 def _our_datamodule(tok, n_steps: int):
@@ -124,7 +132,8 @@ def _profile_tables(prof, rows: int = 15) -> dict:
             "total": ka.table(sort_by="cpu_time_total", row_limit=rows)}
 
 
-def run_ours(model_dir: str, lopti: bool, steps: int, profile: bool = False) -> dict:
+def run_ours(model_dir: str, lopti: bool, steps: int, profile: bool = False, completion_len: int = COMPLETION_LEN,
+             decoder: str = "loop") -> dict:
     """Child: warm-up + ``steps`` timed rollout steps of our learner (fresh process).
 
     ``profile``: the second step (the first after the warm-up) runs under ``torch.profiler``
@@ -139,8 +148,9 @@ def run_ours(model_dir: str, lopti: bool, steps: int, profile: bool = False) -> 
 
     base = max_rss_bytes()
     tok = load_tokenizer(model_dir)
-    module = GRPOModule(_our_cfg(model_dir, lopti), tokenizer=tok, total_rollout_steps=steps + 1)
-    module.policy.hf.generation_config.min_new_tokens = COMPLETION_LEN
+    module = GRPOModule(_our_cfg(model_dir, lopti, completion_len=completion_len, decoder=decoder), tokenizer=tok,
+                        total_rollout_steps=steps + 1)
+    module.policy.hf.generation_config.min_new_tokens = completion_len
     times: list[float] = []
 
     prof = _profiler() if profile else None
@@ -172,7 +182,8 @@ def run_ours(model_dir: str, lopti: bool, steps: int, profile: bool = False) -> 
 
 # -------------------------------------------------------------------------------------- TRL
 
-def _trl_trainer(model_dir: str, num_iterations: int, max_steps: int, loss_type: str, out_dir: str):
+def _trl_trainer(model_dir: str, num_iterations: int, max_steps: int, loss_type: str, out_dir: str,
+                 completion_len: int = COMPLETION_LEN):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
@@ -181,8 +192,8 @@ def _trl_trainer(model_dir: str, num_iterations: int, max_steps: int, loss_type:
     tok.padding_side = "left"
     args = GRPOConfig(
         output_dir=out_dir, per_device_train_batch_size=PROMPTS * GENERATIONS, gradient_accumulation_steps=1,
-        num_generations=GENERATIONS, max_completion_length=COMPLETION_LEN,
-        generation_kwargs={"min_new_tokens": COMPLETION_LEN}, temperature=1.0, top_p=1.0,
+        num_generations=GENERATIONS, max_completion_length=completion_len,
+        generation_kwargs={"min_new_tokens": completion_len}, temperature=1.0, top_p=1.0,
         learning_rate=LR, weight_decay=0.0, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
         beta=BETA, epsilon=CLIP, loss_type=loss_type, num_iterations=num_iterations, scale_rewards="group",
         use_vllm=False, use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
@@ -196,7 +207,8 @@ def _trl_trainer(model_dir: str, num_iterations: int, max_steps: int, loss_type:
     return GRPOTrainer(model=model_dir, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
 
 
-def run_trl(model_dir: str, num_iterations: int, steps: int, loss_type: str = "dapo", profile: bool = False) -> dict:
+def run_trl(model_dir: str, num_iterations: int, steps: int, loss_type: str = "dapo", profile: bool = False,
+            completion_len: int = COMPLETION_LEN) -> dict:
     """Child: warm-up + ``steps`` timed rollout steps of TRL (each = ``num_iterations`` TRL steps).
 
     ``profile``: the second rollout step (TRL steps ``num_iterations`` .. ``2·num_iterations − 1``)
@@ -223,7 +235,8 @@ def run_trl(model_dir: str, num_iterations: int, steps: int, loss_type: str = "d
                 prof.stop()
 
     with tempfile.TemporaryDirectory() as out:
-        trainer = _trl_trainer(model_dir, num_iterations, (steps + 1) * num_iterations, loss_type, out)
+        trainer = _trl_trainer(model_dir, num_iterations, (steps + 1) * num_iterations, loss_type, out,
+                               completion_len)
         trainer.add_callback(Timer())
         trainer.train()
         steps_done = trainer.state.global_step
@@ -355,86 +368,126 @@ def check_loss(model_dir: str) -> dict:
 
 # ------------------------------------------------------------------------------------- main
 
+def _prepare_model(args, tmp: str) -> tuple[str, dict]:
+    """The model directory both sides load, and what to print about it."""
+    if args.model == "tiny":
+        info = run_isolated(Path(__file__).resolve(), "build_model_dir",
+                            {"out": tmp, "hidden": args.hidden, "layers": args.layers, "inter": 2 * args.hidden})
+        return tmp, {**info, "model": f"tiny Qwen2, hidden {args.hidden}, {args.layers} layers"}
+    from arlopti.models import resolve_model_path
+
+    # the converted bf16 safetensors: both sides load it in fp32 (ours ModelConfig.dtype, TRL's default)
+    return resolve_model_path(args.model), {"model": args.model}
+
+
+def _configs(args) -> dict[str, tuple[str, dict]]:
+    """Configuration name -> (child function, its keyword arguments)."""
+    ours, trl = run_ours.__name__, run_trl.__name__
+    configs = {"ours_grpo": (ours, {"lopti": False}), "trl_grpo": (trl, {"num_iterations": 1})}
+    if args.compare_decoder:  # the same learner with transformers' generate() as its decoder
+        configs["ours_grpo_generate"] = (ours, {"lopti": False, "decoder": "generate"})
+    if not args.no_lopti:
+        configs["ours_lopti"] = (ours, {"lopti": True})
+        configs["trl_iter2"] = (trl, {"num_iterations": 2})
+    return configs
+
+
+def _profile(args, model_dir: str, info: dict) -> None:
+    here, profs = Path(__file__).resolve(), {}
+    for name, (func, kw) in list(_configs(args).items())[:2]:
+        out = run_isolated(here, func, {"model_dir": model_dir, "steps": 1, "profile": True,
+                                        "completion_len": args.completion_len, **kw}, timeout_s=3600)
+        profs[name] = out
+        print(f"=== {name}: profiled step {out['step_s'][1]:.3f} s (warm-up {out['step_s'][0]:.3f} s) ===")
+        print("top ops by self CPU time:\n" + out["profile"]["self"])
+        print("top ops by total CPU time:\n" + out["profile"]["total"], flush=True)
+    print(f"wrote {write_json(args.out or 'bench_step_profile.json', {'model': vars(args) | info, 'profiles': profs})}")
+
+
+def _timed_runs(args, model_dir: str, rounds: int, steps: int) -> dict[str, list[dict]]:
+    """Each configuration in a fresh process per round, the order rotated every round."""
+    here, configs = Path(__file__).resolve(), _configs(args)
+    res: dict[str, list[dict]] = {k: [] for k in configs}
+    names = list(configs)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            func, kw = configs[name]
+            out = run_isolated(here, func, {"model_dir": model_dir, "steps": steps,
+                                            "completion_len": args.completion_len, **kw}, timeout_s=3600)
+            res[name].append(out)
+            print(f"  round {r + 1} {name}: steps {[round(x, 2) for x in out['step_s']]} s, "
+                  f"peak RSS {out['peak_rss'] / MB:.0f} MiB", flush=True)
+    return res
+
+
+def _summarise(res: dict[str, list[dict]]) -> tuple[dict, dict]:
+    summary = {}
+    for name, outs in res.items():
+        times = [t for o in outs for t in o["step_s"]]
+        summary[name] = {"median_step_s": statistics.median(times), "n": len(times),
+                         "peak_rss_mib": max(o["peak_rss"] for o in outs) / MB,
+                         "peak_rss_delta_mib": max(o["peak_rss"] - o["base_rss"] for o in outs) / MB,
+                         "optimizer_steps": outs[0]["optimizer_steps"]}
+        if "timing" in outs[0]:  # our learner's own timers, median over processes
+            summary[name]["timing"] = {k: statistics.median(o["timing"][k] for o in outs) for k in outs[0]["timing"]}
+    time_of = {k: v["median_step_s"] for k, v in summary.items()}
+    ratios = {"grpo_time_ours_over_trl": time_of["ours_grpo"] / time_of["trl_grpo"],
+              "grpo_peak_rss_ours_over_trl": summary["ours_grpo"]["peak_rss_mib"] / summary["trl_grpo"]["peak_rss_mib"],
+              "grpo_peak_rss_delta_ours_over_trl": (summary["ours_grpo"]["peak_rss_delta_mib"]
+                                                    / summary["trl_grpo"]["peak_rss_delta_mib"])}
+    if "ours_grpo_generate" in time_of:
+        ratios["grpo_time_loop_over_generate_decoder"] = time_of["ours_grpo"] / time_of["ours_grpo_generate"]
+    if "ours_lopti" in time_of:
+        ratios["lopti_time_ours_over_trl_iter2"] = time_of["ours_lopti"] / time_of["trl_iter2"]
+        ratios["lopti_peak_rss_ours_over_trl_iter2"] = (summary["ours_lopti"]["peak_rss_mib"]
+                                                        / summary["trl_iter2"]["peak_rss_mib"])
+    return summary, ratios
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 round x 2 timed steps per configuration")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--steps", type=int, default=None, help="timed steps per process")
+    ap.add_argument("--model", default="tiny", help="tiny (built, --hidden/--layers) or smollm2-135m-instruct")
+    ap.add_argument("--completion-len", type=int, default=COMPLETION_LEN, help="tokens per completion (exactly)")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--no-lopti", action="store_true")
+    ap.add_argument("--compare-decoder", action="store_true",
+                    help="also run ours with rollout.hf_decoder=generate (transformers' generate)")
     ap.add_argument("--check-loss", action="store_true", help="also compare the first-step loss with TRL's")
     ap.add_argument("--profile", action="store_true",
                     help="only profile one GRPO step of each side (torch.profiler, after 1 warm-up step); "
                          "print the top ops and write benchmarks/out/bench_step_profile.json")
+    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/out/")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
     steps = args.steps or (2 if args.quick else 3)
-    here = Path(__file__).resolve()
-    with tempfile.TemporaryDirectory() as model_dir:
-        info = run_isolated(here, "build_model_dir", {"out": model_dir, "hidden": args.hidden,
-                                                      "layers": args.layers, "inter": 2 * args.hidden})
-        print(f"tiny Qwen2: hidden {args.hidden}, {args.layers} layers, {info['params']:,} parameters, "
-              f"vocab {info['vocab']}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, info = _prepare_model(args, tmp)
+        size = f": {info['params']:,} parameters, vocab {info['vocab']}" if "params" in info else ""
+        print(info["model"] + size, flush=True)
         if args.profile:
-            profs = {}
-            for name, func in (("ours_grpo", run_ours.__name__), ("trl_grpo", run_trl.__name__)):
-                kw = {"lopti": False} if name.startswith("ours") else {"num_iterations": 1}
-                out = run_isolated(here, func, {"model_dir": model_dir, "steps": 1, "profile": True, **kw},
-                                   timeout_s=1200)
-                profs[name] = out
-                print(f"=== {name}: profiled step {out['step_s'][1]:.3f} s (warm-up {out['step_s'][0]:.3f} s) ===")
-                print("top ops by self CPU time:\n" + out["profile"]["self"])
-                print("top ops by total CPU time:\n" + out["profile"]["total"], flush=True)
-            print(f"wrote {write_json('bench_step_profile.json', {'model': vars(args) | info, 'profiles': profs})}")
+            _profile(args, model_dir, info)
             return 0
-        configs = {"ours_grpo": (run_ours.__name__, {"lopti": False}),
-                   "trl_grpo": (run_trl.__name__, {"num_iterations": 1})}
-        if not args.no_lopti:
-            configs["ours_lopti"] = (run_ours.__name__, {"lopti": True})
-            configs["trl_iter2"] = (run_trl.__name__, {"num_iterations": 2})
-        res: dict[str, list[dict]] = {k: [] for k in configs}
-        names = list(configs)
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in order:
-                func, kw = configs[name]
-                out = run_isolated(here, func, {"model_dir": model_dir, "steps": steps, **kw}, timeout_s=1200)
-                res[name].append(out)
-                print(f"  round {r + 1} {name}: steps {[round(x, 2) for x in out['step_s']]} s, "
-                      f"peak RSS {out['peak_rss'] / MB:.0f} MiB", flush=True)
-        loss = run_isolated(here, "check_loss", {"model_dir": model_dir}, timeout_s=900) if args.check_loss else None
-
-    rows, summary = [], {}
-    for name in names:
-        times = [t for o in res[name] for t in o["step_s"]]
-        peak = max(o["peak_rss"] for o in res[name])
-        delta = max(o["peak_rss"] - o["base_rss"] for o in res[name])
-        summary[name] = {"median_step_s": statistics.median(times), "n": len(times), "peak_rss_mib": peak / MB,
-                         "peak_rss_delta_mib": delta / MB, "optimizer_steps": res[name][0]["optimizer_steps"]}
-        rows.append({"config": name, **summary[name]})
-    ratios = {
-        "grpo_time_ours_over_trl": summary["ours_grpo"]["median_step_s"] / summary["trl_grpo"]["median_step_s"],
-        "grpo_peak_rss_ours_over_trl": summary["ours_grpo"]["peak_rss_mib"] / summary["trl_grpo"]["peak_rss_mib"],
-        "grpo_peak_rss_delta_ours_over_trl": (summary["ours_grpo"]["peak_rss_delta_mib"]
-                                              / summary["trl_grpo"]["peak_rss_delta_mib"]),
-    }
-    if not args.no_lopti:
-        ratios["lopti_time_ours_over_trl_iter2"] = (summary["ours_lopti"]["median_step_s"]
-                                                    / summary["trl_iter2"]["median_step_s"])
-        ratios["lopti_peak_rss_ours_over_trl_iter2"] = (summary["ours_lopti"]["peak_rss_mib"]
-                                                        / summary["trl_iter2"]["peak_rss_mib"])
-    print(format_table(rows, ["config", "median_step_s", "n", "peak_rss_mib", "peak_rss_delta_mib",
-                              "optimizer_steps"]))
+        res = _timed_runs(args, model_dir, rounds, steps)
+        loss = (run_isolated(Path(__file__).resolve(), "check_loss", {"model_dir": model_dir}, timeout_s=900)
+                if args.check_loss and args.model == "tiny" else None)
+    summary, ratios = _summarise(res)
+    print(format_table([{"config": k, **v} for k, v in summary.items()],
+                       ["config", "median_step_s", "n", "peak_rss_mib", "peak_rss_delta_mib", "optimizer_steps"]))
     for k, v in ratios.items():
         print(f"{k}: {v:.3f}")
+    for k, v in summary.items():
+        if "timing" in v:
+            print(f"{k} learner timers (s): " + ", ".join(f"{t.split('/')[-1]} {x:.3f}" for t, x in v["timing"].items()))
     if loss is not None:
         print("first-step loss check (same fixed rollout, same weights):")
         for k, v in loss.items():
             print(f"  {k}: {v}")
-    path = write_json("bench_step.json", {"summary": summary, "ratios": ratios, "loss_check": loss,
-                                          "model": {"hidden": args.hidden, "layers": args.layers, **info},
-                                          "raw": res})
+    path = write_json(args.out or "bench_step.json", {"summary": summary, "ratios": ratios, "loss_check": loss,
+                                                      "model": vars(args) | info, "raw": res})
     print(f"wrote {path}")
     return 0
 

@@ -353,6 +353,10 @@ class RolloutConfig:
     stop: list[str] = setting(help="extra stop strings", factory=list)
     seed: int = setting(0, "sampling seed (the YAML sets ${seed})")
     generation_batch_size: int = setting(64, "responses per HF generate call", range="[1, inf)")
+    hf_decoder: str = setting("loop", "HF engine: how it decodes (the same tokens either way)",
+                              choices={"loop": "our KV-cached loop over the model's forward, without generate()'s "
+                                               "per-step overhead; requests with stop strings use generate()",
+                                       "generate": "transformers' generate()"})
     gpu_memory_utilization: float = setting(0.3, "vLLM, CUDA: share of GPU memory for weights + KV cache",
                                             range="(0, 1]")
     enable_sleep: bool = setting(False, "vLLM, CUDA: release memory between rollouts (logged no-op without it)")

@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.torchrun import launch_two_ranks
+
 HERE = Path(__file__).resolve()
 TESTS = HERE.parents[1]
-REPO = HERE.parents[2]
 
 
 def worker(out: Path) -> None:
@@ -75,12 +74,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def two_rank(tmp_path_factory):
     out = tmp_path_factory.mktemp("integrity")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(HERE), str(out)]
-    proc = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0 or not (out / "rank1.json").exists():
-        pytest.fail(f"2-rank worker failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    launch_two_ranks(HERE, out, "rank1.json")
     return out
 
 

@@ -24,17 +24,16 @@ the prompt's tokens and the sample index (the HF engine's seeds depend on the ra
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.torchrun import launch_two_ranks
+
 HERE = Path(__file__).resolve()
 TESTS = HERE.parents[1]
-REPO = HERE.parents[2]
 ETA = 0.002  # a random tiny model puts p_old near 1/vocab on every token: this splits them in two
 
 
@@ -226,12 +225,7 @@ pytestmark = pytest.mark.distributed
 def two_rank(tmp_path_factory):
     """Run :func:`worker` on 2 processes once; returns its output folder."""
     out = tmp_path_factory.mktemp("two_rank")
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               PYTHONPATH=os.pathsep.join([str(TESTS), str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(HERE), str(out)]
-    proc = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0 or not (out / "done.json").exists():
-        pytest.fail(f"2-rank worker failed (rc={proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    launch_two_ranks(HERE, out, "done.json")
     return out
 
 

@@ -68,7 +68,8 @@ def build_engine(cfg: RolloutConfig, pl_module, trainer=None) -> RolloutEngine:
     if cfg.backend == "hf":
         from arlopti.rollout.hf import HFEngine
 
-        return HFEngine(pl_module.policy, pl_module.tokenizer, cfg.generation_batch_size, autocast_dtype=autocast)
+        return HFEngine(pl_module.policy, pl_module.tokenizer, cfg.generation_batch_size, autocast_dtype=autocast,
+                        decoder=cfg.hf_decoder)
     if cfg.backend == "vllm":
         from arlopti.rollout.vllm import VLLMEngine
 

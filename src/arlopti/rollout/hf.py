@@ -1,14 +1,17 @@
-"""Rollouts with Hugging Face ``generate``: batched, KV-cached, left-padded, reproducible.
+"""Rollouts on the live policy's Hugging Face model: batched, KV-cached, left-padded, reproducible.
 
-Sampling is done by our own logits processor rather than by ``generate``'s multinomial draw:
-``generate`` runs in greedy mode over ``(logits / T, top-k, top-p filtered) + Gumbel noise``.
+Decoding is our own loop over the model's forward (:func:`decode`), or transformers' ``generate``
+(``rollout.hf_decoder=generate``, and always for stop strings); both give the same tokens.
+Sampling is done by our own sampler rather than by ``generate``'s multinomial draw: the arg-max
+of ``(logits / T, top-k, top-p filtered) + Gumbel noise`` (under ``generate``, as a logits
+processor that leaves ``generate`` in greedy mode).
 The noise is counter-based: the uniform behind the Gumbel draw of row ``r``, decoding step
 ``t`` and vocabulary entry ``v`` is a hash of ``(seed_r, t, v)`` (:func:`gumbel_noise`), where
 ``seed_r`` comes from ``(sampling.seed, prompt index, sample index)``. One vectorised integer
 op chain per decoding step serves the whole batch, and each response stays reproducible
 whatever else shares its batch, however the jobs are chunked and however its prompt is padded.
 The arg-max of Gumbel-perturbed logits is an exact sample from the softmax (the Gumbel-max
-trick), so this *is* temperature sampling; the same processor records the processed
+trick), so this *is* temperature sampling; the sampler also records the processed
 (tempered, filtered) log-prob of each sampled token, vLLM's ``processed_logprobs`` mode.
 
 The engine shares the policy module itself, so a weight "sync" only records the version.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import time
 
 import torch
@@ -144,7 +148,8 @@ class _GumbelSampler:
             self._offsets = vocab_offsets(vocab, self.seeds.device)
         return gumbel_noise(row_step_keys(self.seeds, self.step), self._offsets)
 
-    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+    def choose(self, scores: Tensor) -> Tensor:
+        """The sampled token ``[B]`` of this decoding step for raw logits ``scores [B, V]``."""
         s = self.sampling
         if self.greedy:
             z = scores.float()
@@ -155,10 +160,60 @@ class _GumbelSampler:
         self.step += 1
         if s.logprobs:
             self.logprobs.append(torch.log_softmax(z, -1).gather(-1, choice[:, None]).squeeze(-1))
-        # generate() takes the arg-max of what we return: make the choice unambiguous.
+        return choice
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        """As a ``generate()`` logits processor: ``generate`` takes the arg-max of what we return,
+        so return 0 at the choice and -inf elsewhere."""
+        choice = self.choose(scores)
         out = torch.full_like(scores, float("-inf"))
         out.scatter_(-1, choice[:, None], 0.0)
         return out
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def decode(model: nn.Module, ids: Tensor, mask: Tensor, sampler: _GumbelSampler, max_new_tokens: int,
+           eos_ids: list[int], pad: int, min_new_tokens: int = 0) -> Tensor:
+    """Sample up to ``max_new_tokens`` tokens after left-padded prompts ``ids``/``mask [B, S]``.
+
+    Returns the new tokens ``[B, n]``, ``n ≤ max_new_tokens``: a row that emitted an EOS holds
+    ``pad`` after it, and the loop ends when every row has (or at the limit). This is what
+    ``generate(do_sample=False, logits_processor=[sampler])`` does for a decoder-only model, step
+    for step — positions ``cumsum(mask) − 1`` (0 on padding), one prefill then one KV-cached
+    forward per token, the last position's logits in fp32, EOS banned for the first
+    ``min_new_tokens`` tokens (the generation config's), finished rows fed ``pad`` — without
+    ``generate``'s per-step bookkeeping (input preparation, mask re-derivation, processor and
+    stopping-criteria lists), a fixed cost per decoding step that weighs on small models
+    (measured in ``benchmarks/bench_hf_sampling.py``, ``after`` vs ``hashed``). Unlike
+    ``generate`` it applies no other logits processor from the model's generation config
+    (repetition penalty and the like): the tokens are sampled from the policy the learner trains,
+    which is what the rollout log-probs assume.
+    """
+    batch = ids.shape[0]
+    keep = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+    pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=ids.device)
+    alive = torch.ones(batch, dtype=torch.bool, device=ids.device)
+    step_pos = pos[:, -1:]
+    tokens: list[Tensor] = []
+    for t in range(max_new_tokens):
+        logits = out.logits[:, -1, :].to(dtype=torch.float32, copy=True)
+        if t < min_new_tokens:
+            logits[:, eos] = float("-inf")
+        choice = torch.where(alive, sampler.choose(logits), pad)
+        tokens.append(choice)
+        alive &= ~torch.isin(choice, eos)
+        if t + 1 == max_new_tokens or not bool(alive.any()):
+            break
+        mask = torch.cat([mask, mask.new_ones(batch, 1)], 1)
+        step_pos = step_pos + 1
+        out = model(input_ids=choice[:, None], attention_mask=mask, position_ids=step_pos,
+                    past_key_values=out.past_key_values, use_cache=True, **keep)
+    return torch.stack(tokens, 1)
 
 
 def _fsdp_unsharded(module: nn.Module):
@@ -168,16 +223,28 @@ def _fsdp_unsharded(module: nn.Module):
     return unsharded_for_generate(module)
 
 
+#: ``rollout.hf_decoder``: how the HF engine decodes (the same tokens either way; tested).
+DECODERS = {"loop": ":func:`decode`; requests with stop strings go through generate()",
+            "generate": "transformers' generate() with the sampler as its logits processor"}
+
+
 class HFEngine(RolloutEngine):
-    """``generate`` on the live policy. ``policy`` is a ``PolicyLM`` (or any module with ``.hf``)."""
+    """Sampling on the live policy. ``policy`` is a ``PolicyLM`` (or any module with ``.hf``).
+
+    ``decoder="loop"`` (default) decodes with :func:`decode`; ``"generate"`` with HF ``generate``.
+    Both run the same model calls and sampler and give the same tokens; stop strings, which need
+    detokenising every step, always go through ``generate``."""
 
     def __init__(self, policy: nn.Module, tokenizer, generation_batch_size: int = 64,
-                 autocast_dtype: torch.dtype | None = None):
+                 autocast_dtype: torch.dtype | None = None, decoder: str = "loop"):
         super().__init__()
+        if decoder not in DECODERS:
+            raise ValueError(f"rollout.hf_decoder={decoder!r}: choose one of {sorted(DECODERS)}")
         self.policy = policy
         self.tokenizer = tokenizer
         self.generation_batch_size = generation_batch_size
         self.autocast_dtype = autocast_dtype
+        self.decoder = decoder
 
     @property
     def hf(self) -> nn.Module:
@@ -211,8 +278,6 @@ class HFEngine(RolloutEngine):
         return grouped
 
     def _generate_chunk(self, prompts: list[list[int]], seeds: list[int], sampling: SamplingConfig) -> list[Completion]:
-        from transformers import LogitsProcessorList
-
         tok = self.tokenizer
         device = next(self.hf.parameters()).device
         pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -227,35 +292,47 @@ class HFEngine(RolloutEngine):
         eos = self.hf.generation_config.eos_token_id
         if eos is None:
             eos = tok.eos_token_id
+        eos_set = set(eos if isinstance(eos, (list, tuple)) else [eos]) - {None}
+        amp = (torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
+               if self.autocast_dtype is not None else contextlib.nullcontext())
+        with amp:
+            if self.decoder == "loop" and not sampling.stop:
+                new = decode(self.hf, ids, mask, sampler, sampling.max_new_tokens, sorted(eos_set), pad,
+                             self.hf.generation_config.min_new_tokens or 0).tolist()
+            else:
+                new = self._hf_generate(ids, mask, pad, eos, sampler, sampling)[:, width:].tolist()
+        lps = torch.stack(sampler.logprobs, 1).tolist() if sampling.logprobs and sampler.logprobs else None
+        return [self._completion(seq, lps[r] if lps is not None else None, eos_set, pad, sampling)
+                for r, seq in enumerate(new)]
+
+    def _hf_generate(self, ids: Tensor, mask: Tensor, pad: int, eos, sampler: _GumbelSampler,
+                     sampling: SamplingConfig) -> Tensor:
+        from transformers import LogitsProcessorList
+
         kwargs = dict(
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=False,
             logits_processor=LogitsProcessorList([sampler]), pad_token_id=pad, eos_token_id=eos,
             use_cache=True, num_beams=1, temperature=None, top_p=None, top_k=None,
         )
         if sampling.stop:
-            kwargs.update(stop_strings=list(sampling.stop), tokenizer=tok)
-        amp = (torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
-               if self.autocast_dtype is not None else contextlib.nullcontext())
-        with amp:
-            out = self.hf.generate(**kwargs)
-        new = out[:, width:].tolist()
-        lps = torch.stack(sampler.logprobs, 1).tolist() if sampling.logprobs and sampler.logprobs else None
-        eos_set = set(eos if isinstance(eos, (list, tuple)) else [eos])
-        comps = []
-        for r, seq in enumerate(new):
-            cut, reason = len(seq), "length"
-            for t, token in enumerate(seq):
-                if token in eos_set:
-                    cut, reason = t + 1, "stop"  # keep EOS: the policy must learn to stop
-                    break
-            seq = seq[:cut]
-            if reason == "length" and sampling.stop:
-                # generate() pads rows it stopped on a stop string; drop that padding
-                while seq and seq[-1] == pad and pad not in eos_set:
-                    seq.pop()
-                if len(seq) < sampling.max_new_tokens:
-                    reason = "stop"
-            text = tok.decode(seq, skip_special_tokens=True)
-            comps.append(Completion(token_ids=seq, text=text, finish_reason=reason,
-                                    logprobs=lps[r][:cut] if lps is not None else None))
-        return comps
+            kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
+        return self.hf.generate(**kwargs)
+
+    def _completion(self, seq: list[int], logprobs: list[float] | None, eos_set: set, pad: int,
+                    sampling: SamplingConfig) -> Completion:
+        """One row's new tokens, cut after its first EOS (kept: the policy must learn to stop)."""
+        cut, reason = len(seq), "length"
+        for t, token in enumerate(seq):
+            if token in eos_set:
+                cut, reason = t + 1, "stop"
+                break
+        seq = seq[:cut]
+        if reason == "length" and sampling.stop:
+            # generate() pads rows it stopped on a stop string; drop that padding
+            while seq and seq[-1] == pad and pad not in eos_set:
+                seq.pop()
+            if len(seq) < sampling.max_new_tokens:
+                reason = "stop"
+        text = self.tokenizer.decode(seq, skip_special_tokens=True)
+        return Completion(token_ids=seq, text=text, finish_reason=reason,
+                          logprobs=logprobs[:cut] if logprobs is not None else None)
