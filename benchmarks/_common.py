@@ -187,6 +187,28 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
 # Running our learner for a few rollout steps (bench_lopti_overhead, bench_microbatch, bench_mfu)
 # ----------------------------------------------------------------------------------------------
 
+def hf_engine_for(model_name: str, tokens: int, hidden: int = 256, layers: int = 4):
+    """(HFEngine, tokenizer) on a fresh fp32 model whose completions are exactly ``tokens`` long:
+    ``"tiny"`` is the ``bench_step`` model (random Qwen2, ``hidden`` × ``layers``), anything else
+    goes through ``arlopti.models`` (e.g. ``smollm2-135m-instruct``)."""
+    import torch
+
+    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer, load_causal_lm, load_tokenizer
+    from arlopti.rollout.hf import HFEngine
+
+    torch.manual_seed(0)
+    if model_name == "tiny":
+        tok = build_tiny_tokenizer()
+        model = build_tiny_model(tok, TinySpec(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=4,
+                                               num_kv_heads=2, intermediate_size=2 * hidden,
+                                               tie_word_embeddings=True))
+    else:
+        tok = load_tokenizer(model_name)
+        model = load_causal_lm(model_name, tok, dtype="float32")
+    model.generation_config.min_new_tokens = tokens
+    return HFEngine(model, tok, generation_batch_size=1024), tok
+
+
 def fixed_length_engine(tokenizer, lengths_of: Callable[[int, int], int], seed: int = 0):
     """A rollout engine returning fixed completions: prompt ``i``'s sample ``j`` has
     ``lengths_of(i, j)`` random non-special tokens drawn from ``Random((seed, prompt tokens, j))``,

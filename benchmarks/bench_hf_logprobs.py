@@ -26,25 +26,12 @@ import warnings
 
 import torch
 
-from _common import format_table, machine_info, write_json
+from _common import format_table, hf_engine_for, machine_info, write_json
 
 
 def _engine(model_name: str, tokens: int):
-    from arlopti.models import (TinySpec, build_tiny_model, build_tiny_tokenizer, load_causal_lm,
-                                load_tokenizer)
-    from arlopti.rollout.hf import HFEngine
-
-    torch.manual_seed(0)
-    if model_name == "tiny":
-        tok = build_tiny_tokenizer()
-        spec = TinySpec(arch="qwen2", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-                        intermediate_size=512, tie_word_embeddings=True)
-        model = build_tiny_model(tok, spec)
-    else:
-        tok = load_tokenizer(model_name)
-        model = load_causal_lm(model_name, tok, dtype="float32")
-    model.generation_config.min_new_tokens = tokens
-    return HFEngine(model, tok, generation_batch_size=1024), tok, model.config.vocab_size
+    engine, tok = hf_engine_for(model_name, tokens)
+    return engine, tok, engine.hf.config.vocab_size
 
 
 def main(argv=None) -> int:

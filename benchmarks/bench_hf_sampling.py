@@ -42,7 +42,7 @@ import warnings
 
 import torch
 
-from _common import format_table, write_json
+from _common import format_table, hf_engine_for, write_json
 
 
 class PerRowGeneratorSampler:
@@ -74,23 +74,6 @@ class PerRowGeneratorSampler:
         if s.logprobs:
             self.logprobs.append(torch.log_softmax(z, -1).gather(-1, choice[:, None]).squeeze(-1))
         return choice
-
-
-def _engine(model_name: str, hidden: int, layers: int, tokens: int):
-    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer, load_causal_lm, load_tokenizer
-    from arlopti.rollout.hf import HFEngine
-
-    torch.manual_seed(0)
-    if model_name == "tiny":
-        tok = build_tiny_tokenizer()
-        model = build_tiny_model(tok, TinySpec(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=4,
-                                               num_kv_heads=2, intermediate_size=2 * hidden,
-                                               tie_word_embeddings=True))
-    else:
-        tok = load_tokenizer(model_name)
-        model = load_causal_lm(model_name, tok, dtype="float32")
-    model.generation_config.min_new_tokens = tokens
-    return HFEngine(model, tok, generation_batch_size=1024), tok
 
 
 NOISE_SHAPES = ((8, 491), (64, 49152), (64, 151936))
@@ -153,7 +136,7 @@ def main(argv=None) -> int:
     after_cls = hf._GumbelSampler
     variants = {"before": (PerRowGeneratorSampler, "generate"), "hashed": (after_cls, "generate"),
                 "after": (after_cls, "loop")}
-    engine, tok = _engine(args.model, args.hidden, args.layers, args.tokens)
+    engine, tok = hf_engine_for(args.model, args.tokens, args.hidden, args.layers)
     prompts = [tok(f"Zoey said that Oliver is a knight {i}. Is Oliver a knight or a knave?")["input_ids"]
                for i in range(args.prompts)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.tokens, seed=0)
