@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     from arlopti.algorithms.mismatch import METRIC_NAMES, mismatch_metrics
-    from arlopti.analysis.buckets import BUCKET_LABELS, BUCKET_NAMES
+    from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES
     from arlopti.config import RolloutConfig
     from arlopti.learner.experience import build_experience
     from arlopti.learner.policy import PolicyLM, fill_logprobs

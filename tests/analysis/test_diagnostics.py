@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from arlopti.algorithms import Phase
-from arlopti.analysis.buckets import BUCKET_NAMES
+from arlopti.algorithms.buckets import BUCKET_NAMES
 from arlopti.analysis.diagnostics import DiagnosticSums, metrics_from_sums, prob_histogram, step_sums
 
 

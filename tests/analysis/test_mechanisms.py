@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from arlopti.algorithms import LossConfig, advantage_reweight, ar_weights, grpo_objective, lopti_masks, phase_plan
-from arlopti.analysis.buckets import BUCKET_NAMES, bucket_index
+from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index
 from arlopti.analysis.grad_norms import per_token_grad_norms, summarise_per_token
 from arlopti.learner.policy import position_ids_from_mask
 

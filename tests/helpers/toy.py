@@ -43,6 +43,6 @@ def toy_trainer(callbacks=(), **kw) -> L.Trainer:
     args = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                 limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
                 enable_progress_bar=False, enable_model_summary=False)
+    group = kw.pop("group_size", 4)  # the callback's, not a Trainer argument
     args.update(kw)
-    group = kw.pop("group_size", 4)
     return L.Trainer(callbacks=[RolloutCallback(group_size=group), *callbacks], **args)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from arlopti.algorithms.mismatch import mismatch_metrics
-from arlopti.analysis.buckets import BUCKET_NAMES
+from arlopti.algorithms.buckets import BUCKET_NAMES
 from arlopti.learner.mismatch_metrics import add_mismatch_metrics
 from arlopti.learner.step_metrics import MetricSet
 

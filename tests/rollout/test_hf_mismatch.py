@@ -58,7 +58,7 @@ def rollout(policy, tok, sampling: SamplingConfig):
 
 def test_hf_engine_logprobs_equal_the_trainers_in_fp32(policy_and_tok, capsys):
     from arlopti.algorithms.mismatch import correction_weights
-    from arlopti.analysis.buckets import BUCKET_NAMES
+    from arlopti.algorithms.buckets import BUCKET_NAMES
     from arlopti.learner.mismatch_metrics import add_mismatch_metrics
     from arlopti.learner.step_metrics import MetricSet
 

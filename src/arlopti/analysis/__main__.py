@@ -27,33 +27,11 @@ from pathlib import Path
 
 import torch
 
+from arlopti.analysis.cli_args import add_input_args
+
 log = logging.getLogger("arlopti.analysis")
 
 DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-5}
-
-
-def add_input_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("inputs")
-    g.add_argument("--model", default="smollm2-135m-instruct",
-                   help="model name or save_pretrained folder (default: %(default)s)")
-    g.add_argument("--cold-start-steps", type=int, default=10,
-                   help="SFT warm-up steps before sampling (cached by settings; default %(default)s, short like "
-                        "the CPU demo's); 0 = the raw model")
-    g.add_argument("--prompts", type=int, default=8, help="K&K prompts in the batch")
-    g.add_argument("--group-size", type=int, default=4, help="responses per prompt")
-    g.add_argument("--max-new-tokens", type=int, default=96)
-    g.add_argument("--temperature", type=float, default=0.7, help="rollout temperature (also of every log-prob)")
-    g.add_argument("--num-people", type=int, nargs="+", default=[2, 3])
-    g.add_argument("--seed", type=int, default=0, help="sampling seed")
-    g.add_argument("--puzzle-seed", type=int, default=4242, help="seed of the generated puzzles")
-    g.add_argument("--advantages", choices=("auto", "grpo", "synthetic"), default="auto",
-                   help="auto: GRPO when some group's rewards vary, else synthetic ±1 per sequence (labelled)")
-    g.add_argument("--dump", default=None, help="read the batch from this rollout dump instead of sampling")
-    g.add_argument("--dump-step", type=int, default=None, help="which step of the dump (default: the first)")
-    g.add_argument("--micro-batch", type=int, default=4, help="rows per forward/backward")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    g.add_argument("--out", default="analysis_out", help="output folder (default: %(default)s)")
-    g.add_argument("--tb-dir", default=None, help="also log scalars and figures to this TensorBoard folder")
 
 
 def add_update_args(p: argparse.ArgumentParser) -> None:
@@ -166,7 +144,7 @@ def cmd_grad_norms(args, inputs=None, bank=None) -> dict:
 
 
 def cmd_token_distribution(args, inputs=None) -> dict:
-    from arlopti.analysis.buckets import token_distribution
+    from arlopti.algorithms.buckets import token_distribution
     from arlopti.analysis.plotting import plot_token_distribution, save_result
 
     loaded, batch, old = inputs or load_inputs(args)

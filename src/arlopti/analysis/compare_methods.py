@@ -14,7 +14,7 @@ each method:
   AR: A' = (α·p_old + 1 − α)·A; Lopti: A on the low phase (p_old < η), then the high phase;
 * ``effective_weight``: the mean c_t per bucket of p_old (the multiplier relative to GRPO; Lopti 1);
 * ``mass_share``: the gradient-mass share per bucket, Σ|A'_t|·(1 − p_t) over the bucket divided by
-  the total (:func:`arlopti.analysis.buckets.grad_mass_shares`; Lopti: both phases' tokens);
+  the total (:func:`arlopti.algorithms.buckets.grad_mass_shares`; Lopti: both phases' tokens);
 * ``norm_share``: the share of the first step's gradient g contributed by each bucket,
   ⟨g_b, g⟩ / ‖g‖², g_b the gradient of the same loss restricted to bucket b's tokens (the shares
   sum to 1; Lopti and AR + Lopti: of the low phase's step, so the high buckets show 0);
@@ -39,7 +39,7 @@ from torch import Tensor
 
 from arlopti.algorithms import advantage_reweight, lopti_masks
 from arlopti.algorithms.token_methods import effective_weight, make_context, token_shaping
-from arlopti.analysis.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_index, bucket_means, grad_mass_shares,
+from arlopti.algorithms.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_index, bucket_means, grad_mass_shares,
                                       per_bucket_dict, update_direction_counts, update_direction_fractions)
 from arlopti.analysis.prob_shift import delta_p_stats
 from arlopti.analysis.updates import (LossSpec, WeightSnapshot, add_gradients, apply_gradient, loss_gradients,

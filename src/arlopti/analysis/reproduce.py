@@ -40,7 +40,7 @@ SETTINGS = ("raw", "sft")
 
 
 def add_reproduce_args(p) -> None:
-    from arlopti.analysis.__main__ import add_input_args
+    from arlopti.analysis.cli_args import add_input_args
 
     add_input_args(p)
     # 4 prompts x 4 responses per setting: the whole run fits the CPU budget (docs/results.md)
@@ -79,53 +79,54 @@ def setting_args(args, name: str) -> Namespace:
     raise ValueError(f"--settings: unknown setting {name!r}; choose from {list(SETTINGS)}")
 
 
+class _Ticker:
+    """Seconds spent in each named stage, measured between consecutive :meth:`tick` calls."""
+
+    def __init__(self):
+        self.timings: dict[str, float] = {}
+        self.t = time.perf_counter()
+
+    def tick(self, name: str) -> None:
+        now = time.perf_counter()
+        self.timings[name], self.t = now - self.t, now
+
+
+def _with(args, **changes) -> Namespace:
+    return Namespace(**{**vars(args), **changes})
+
+
 def run_setting(args, word_categories: bool) -> tuple[dict, dict[str, float]]:
     """All figures of one setting into ``args.out``; returns (headline numbers, timings)."""
     from arlopti.analysis import __main__ as cli
-    from arlopti.analysis.inputs import sample_kk_batch
-    from arlopti.analysis.rollout_dump import read_dump
     from arlopti.analysis.update_direction import first_step_specs
-    from arlopti.analysis.updates import add_gradients, bucket_specs, loss_gradients, sampled_log_probs
+    from arlopti.analysis.updates import add_gradients, bucket_specs, loss_gradients
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-
-    def tick(name: str) -> None:
-        nonlocal t
-        timings[name] = time.perf_counter() - t
-        t = time.perf_counter()
-
+    ticker = _Ticker()
     loaded, batch, old = cli.load_inputs(args)
-    tick("load_and_sample")
+    ticker.tick("load_and_sample")
     specs = bucket_specs(old, batch.response_mask, batch.advantages)
     first = first_step_specs(old, batch, ("ar", "lopti"), args.alpha, args.eta)
     bank = loss_gradients(loaded.policy, batch, old, {**specs, **first}, args.micro_batch)
-    tick("gradient_pass")
+    ticker.tick("gradient_pass")
     inputs = (loaded, batch, old)
     dist = cli.cmd_token_distribution(args, inputs)
-    grad = cli.cmd_grad_norms(Namespace(**{**vars(args), "mode": "both"}), inputs, bank)
-    tick("grad_norms")
+    grad = cli.cmd_grad_norms(_with(args, mode="both"), inputs, bank)
+    ticker.tick("grad_norms")
     sgd_lr = args.sgd_lr if args.sgd_lr is not None else cli.DEFAULT_LR["sgd"]
     adamw_lr = args.adamw_lr if args.adamw_lr is not None else cli.DEFAULT_LR["adamw"]
-    ps = cli.cmd_prob_shift(Namespace(**{**vars(args), "optimizer": "sgd", "lr": sgd_lr, "grad_clip": None}),
-                            inputs, bank)
-    tick("prob_shift")
+    ps = cli.cmd_prob_shift(_with(args, optimizer="sgd", lr=sgd_lr, grad_clip=None), inputs, bank)
+    ticker.tick("prob_shift")
     first_grads = {"grpo": add_gradients(*(bank[f"b{b}"] for b in range(4))), "ar": bank["ar"],
                    "lopti": bank["lopti"]}
     del bank  # the bucket buffers (one parameter-sized buffer each) are no longer needed
     ud = {}
     for opt, lr in (("sgd", sgd_lr),) + (() if args.skip_adamw else (("adamw", adamw_lr),)):
-        ud_args = Namespace(**{**vars(args), "optimizer": opt, "lr": lr, "grad_clip": None, "methods": "grpo,ar,lopti"})
+        ud_args = _with(args, optimizer=opt, lr=lr, grad_clip=None, methods="grpo,ar,lopti")
         ud[opt] = cli.cmd_update_direction(ud_args, inputs, first_grads)
-        tick(f"update_direction_{opt}")
+        ticker.tick(f"update_direction_{opt}")
     del first_grads
-    cm = None
-    if not args.skip_compare_methods:
-        cm = cli.cmd_compare_methods(Namespace(**{**vars(args), "optimizer": "sgd", "lr": sgd_lr, "grad_clip": None,
-                                                  "methods": None}), inputs)
-        tick("compare_methods")
     headline = {
         "batch": {k: v for k, v in batch.summary().items() if k != "model_info"},
         "token_distribution": {k: dist[k] for k in ("fraction", "adv_mean", "adv_pos_frac")},
@@ -133,22 +134,33 @@ def run_setting(args, word_categories: bool) -> tuple[dict, dict[str, float]]:
         "prob_shift": {"lr": sgd_lr, **ps["variants"]},
         "update_direction": {opt: {"lr": r["lr"], **r["methods"]} for opt, r in ud.items()},
     }
-    if cm is not None:
+    if not args.skip_compare_methods:
+        cm = cli.cmd_compare_methods(_with(args, optimizer="sgd", lr=sgd_lr, grad_clip=None, methods=None), inputs)
         headline["compare_methods"] = {"lr": sgd_lr, **cm["methods"]}
+        ticker.tick("compare_methods")
     if word_categories:
-        wbatch = sample_kk_batch(loaded, args.word_prompts, args.group_size, args.max_new_tokens, args.temperature,
-                                 args.seed + 1, args.num_people, args.puzzle_seed + 1, args.advantages)
-        dump = cli.write_live_dump(wbatch, sampled_log_probs(loaded.policy, wbatch, args.micro_batch),
-                                   out / "rollouts_word_categories.jsonl.gz")
-        rows = read_dump(dump)
-        texts = [r["completion"] for r in rows] + batch.response_texts
-        rewards = [r["reward"] for r in rows] + batch.rewards.tolist()
-        wc = cli.cmd_word_categories(args, (texts, rewards), f"{dump.name} ({len(rows)} responses) + the "
-                                                             f"mechanism batch ({len(batch)} responses)")
-        headline["word_categories"] = {"responses": wc["responses"],
-                                       **{c: v["r_rate"] for c, v in wc["categories"].items()}}
-        tick("word_categories")
-    return headline, timings
+        headline["word_categories"] = _word_categories(args, loaded, batch, out)
+        ticker.tick("word_categories")
+    return headline, ticker.timings
+
+
+def _word_categories(args, loaded, batch, out: Path) -> dict:
+    """Fig. 5's word categories over a second, larger batch plus the mechanism batch's responses."""
+    from arlopti.analysis import __main__ as cli
+    from arlopti.analysis.inputs import sample_kk_batch
+    from arlopti.analysis.rollout_dump import read_dump
+    from arlopti.analysis.updates import sampled_log_probs
+
+    wbatch = sample_kk_batch(loaded, args.word_prompts, args.group_size, args.max_new_tokens, args.temperature,
+                             args.seed + 1, args.num_people, args.puzzle_seed + 1, args.advantages)
+    dump = cli.write_live_dump(wbatch, sampled_log_probs(loaded.policy, wbatch, args.micro_batch),
+                               out / "rollouts_word_categories.jsonl.gz")
+    rows = read_dump(dump)
+    texts = [r["completion"] for r in rows] + batch.response_texts
+    rewards = [r["reward"] for r in rows] + batch.rewards.tolist()
+    wc = cli.cmd_word_categories(args, (texts, rewards), f"{dump.name} ({len(rows)} responses) + the "
+                                                         f"mechanism batch ({len(batch)} responses)")
+    return {"responses": wc["responses"], **{c: v["r_rate"] for c, v in wc["categories"].items()}}
 
 
 def merge_summaries(path: Path, new: dict, names: list[str]) -> dict:

@@ -165,7 +165,7 @@ def apply_gradient(policy, optimizer: torch.optim.Optimizer, grads: list[Tensor]
 def bucket_specs(old_log_probs: Tensor, response_mask: Tensor, advantages: Tensor) -> dict[str, LossSpec]:
     """One spec per probability bucket (``b0`` … ``b3``): the advantages kept only on that bucket's
     tokens, the official ``mask_prob_intervalK`` experiment."""
-    from arlopti.analysis.buckets import NUM_BUCKETS, bucket_index
+    from arlopti.algorithms.buckets import NUM_BUCKETS, bucket_index
 
     idx = bucket_index(torch.exp(old_log_probs.detach().float()))
     valid = response_mask.bool()

@@ -20,16 +20,13 @@ The decoder-layer class comes from ``model.decoder_layer_class`` when set, else 
 model's ``_no_split_modules`` (every Hugging Face decoder declares it), else from
 :data:`KNOWN_DECODER_LAYERS`; a model with none of these gets an error naming the config key.
 
-:func:`unsharded_for_generate` gathers every shard for the length of a ``generate`` call, so
-that decoding runs without one all-gather per layer per token and, above all, without any
-collective: ranks may then call ``generate`` on different numbers of prompts.
+Generation with a sharded policy holds it unsharded through
+:func:`arlopti.utils.fsdp_unshard.unsharded_for_generate` (a layer below both learner and rollout).
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from torch import nn
@@ -186,55 +183,6 @@ def apply_fsdp2(policy: nn.Module, mesh, options: FSDPOptions | None = None,
     return len(layers)
 
 
-def _fsdp_modules(root: nn.Module) -> list[nn.Module]:
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m for m in root.modules() if isinstance(m, FSDPModule)]
-
-
-@contextlib.contextmanager
-def unsharded_for_generate(root: nn.Module) -> Iterator[None]:
-    """Hold every FSDP2 module under ``root`` unsharded for the ``with`` body; no-op otherwise.
-
-    Entering and leaving are collective (every rank must enter, in the same order); the body
-    runs no collective, so ranks may generate for different numbers of prompts. Memory: the
-    full model in the param dtype on every rank for the length of the call.
-    """
-    modules = _fsdp_modules(root)
-    if not modules:
-        yield
-        return
-    # The root must initialise FSDP's lazy state before a layer runs forward on its own
-    # (generate calls the HF model, not the PolicyLM root), or that layer would claim to be root.
-    modules[0]._get_fsdp_state()._lazy_init()  # modules[0]: the outermost (pre-order)
-    # Private FSDP2 state, read defensively (its layout moved between torch 2.6 and 2.13): what
-    # set_reshard_after_forward overwrites, so that training's setting comes back afterwards.
-    saved = [([g.post_forward_mesh_info for g in _param_groups(m)],
-              getattr(m._get_fsdp_state(), "_auto_reshard_after_forward", None)) for m in modules]
-    for m in modules:
-        m.set_reshard_after_forward(False, recurse=False)
-    for m in modules:
-        m.unshard()
-    try:
-        yield
-    finally:
-        for m, (infos, was_auto) in zip(modules, saved):
-            m.reshard()
-            for g, info in zip(_param_groups(m), infos):
-                g.post_forward_mesh_info = info
-            if was_auto is not None:
-                m._get_fsdp_state()._auto_reshard_after_forward = was_auto
-
-
-def _param_groups(module: nn.Module) -> list:
-    state = module._get_fsdp_state()
-    groups = getattr(state, "_fsdp_param_groups", None)
-    if groups is None:  # torch < 2.10: one group per module
-        group = getattr(state, "_fsdp_param_group", None)
-        groups = [group] if group is not None else []
-    return list(groups)
-
-
 def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer of ``module`` as a full CPU tensor, on every rank (collective).
 
@@ -250,8 +198,7 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 __all__ = ["FSDP2Strategy", "FSDPOptions", "KNOWN_DECODER_LAYERS", "ShardingError", "apply_fsdp2",
-           "decoder_layer_class", "decoder_layers", "enable_activation_checkpointing", "full_state_dict", "is_fsdp2",
-           "unsharded_for_generate"]
+           "decoder_layer_class", "decoder_layers", "enable_activation_checkpointing", "full_state_dict", "is_fsdp2"]
 
 
 def shard_learner(policy: nn.Module, ref: nn.Module | None, strategy, mesh, decoder_layer_class_name: str | None) -> None:

@@ -16,7 +16,7 @@ trick), so this *is* temperature sampling; the sampler also records the processe
 
 The engine shares the policy module itself, so a weight "sync" only records the version.
 Under FSDP2 every sharded module is unsharded for the duration of a ``generate`` call
-(:func:`arlopti.learner.sharding.unsharded_for_generate`): entering and leaving are collective,
+(:func:`arlopti.utils.fsdp_unshard.unsharded_for_generate`): entering and leaving are collective,
 so every rank calls ``generate``, also with no prompts, and decoding itself runs no collective.
 """
 
@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
+from arlopti.utils.fsdp_unshard import unsharded_for_generate
 
 
 def sample_seed(base: int, prompt_index: int, sample_index: int) -> int:
@@ -218,8 +219,6 @@ def decode(model: nn.Module, ids: Tensor, mask: Tensor, sampler: _GumbelSampler,
 
 def _fsdp_unsharded(module: nn.Module):
     """Unshard every FSDP2 module under ``module`` for generate(); a no-op for plain modules."""
-    from arlopti.learner.sharding import unsharded_for_generate
-
     return unsharded_for_generate(module)
 
 

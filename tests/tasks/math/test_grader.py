@@ -281,13 +281,21 @@ def test_adversarial_batch_then_no_children_left():
     assert our_children(pool.spawned_pids) == []
 
 
-def test_batch_budget_caps_a_whole_batch():
-    g = MathGrader(num_workers=2, timeout_s=30, batch_budget_s=1.0, grader="math_verify")
-    bombs = [f"\\boxed{{(x+1)^{{{90000 + i}}}-(x-1)^{{{90000 + i}}}}}" for i in range(4)]
+# One exponent bomb per grader's syntax: math_verify parses LaTeX, the official grader sympy text in a box.
+BUDGET_BOMBS = {
+    "math_verify": (lambda i: f"\\boxed{{(x+1)^{{{90000 + i}}}-(x-1)^{{{90000 + i}}}}}", "0"),
+    "official": (lambda i: f"\\boxed{{(x+1)**{90000 + i}-(x-1)**{90000 + i}}}", "x"),
+}
+
+
+@pytest.mark.parametrize("grader", sorted(BUDGET_BOMBS))
+def test_batch_budget_caps_a_whole_batch(grader):
+    g = MathGrader(num_workers=2, timeout_s=30, batch_budget_s=1.0, grader=grader)
+    bomb, gold = BUDGET_BOMBS[grader]
     try:
         g.grade("\\boxed{\\sqrt8}", "2\\sqrt2")  # workers up
         start = time.monotonic()
-        details = g.grade_detailed(bombs + ["\\boxed{7}"], ["0"] * 4 + ["7"])
+        details = g.grade_detailed([bomb(i) for i in range(4)] + ["\\boxed{7}"], [gold] * 4 + ["7"])
         elapsed = time.monotonic() - start
     finally:
         pool = g.pool

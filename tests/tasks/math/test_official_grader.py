@@ -449,21 +449,5 @@ def test_adversarial_batch_then_no_children_left():
     assert our_children(pool.spawned_pids) == []
 
 
-def test_batch_budget_caps_a_whole_batch():
-    g = MathGrader(num_workers=2, timeout_s=30, batch_budget_s=1.0)
-    bombs = [B(f"(x+1)**{90000 + i}-(x-1)**{90000 + i}") for i in range(4)]
-    try:
-        g.grade("\\boxed{2\\sqrt{2}}", "\\sqrt8")  # workers up
-        start = time.monotonic()
-        details = g.grade_detailed(bombs + ["\\boxed{7}"], ["x"] * 4 + ["7"])
-        elapsed = time.monotonic() - start
-    finally:
-        pool = g.pool
-        g.close()
-    assert [d.how for d in details] == ["budget"] * 4 + ["string"]  # cut off by the budget, not their own timeout
-    assert elapsed < 1.0 + 1, elapsed
-    assert our_children(pool.spawned_pids) == []
-
-
 def teardown_module(module):
     close_default_grader()

@@ -6,6 +6,8 @@ so they are safe to run in the calling process on any model output.
 
 from __future__ import annotations
 
+from arlopti.tasks.math.braces import closing_brace
+
 THINK_CLOSE = "</think>"
 THINK_MODES = ("after_first", "official")
 # The response is cut to its last MAX_RESPONSE_CHARS characters before anything else; the final
@@ -67,16 +69,8 @@ def last_boxed(text: str) -> str | None:
         return tail[:end] or None
     if i >= len(text) or text[i] != "{":
         return None
-    depth = 0
-    for j in range(i, len(text)):
-        c = text[j]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1:j]
-    return None
+    j = closing_brace(text, i)
+    return None if j is None else text[i + 1:j]
 
 
 def unwrap_boxed(text: str) -> str:

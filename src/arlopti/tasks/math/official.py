@@ -27,6 +27,8 @@ import numbers
 import re
 from typing import Any
 
+from arlopti.tasks.math.braces import closing_brace
+
 THINK_END = "</think>"
 _BOXED = "\\boxed"
 _FBOX = "\\fbox"
@@ -68,16 +70,8 @@ def last_boxed_only(text: str) -> str | None:
         start = text.rfind(_FBOX)
         if start < 0:
             return None
-    depth = 0
-    for i in range(start, len(text)):
-        c = text[i]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start:i + 1]
-    return None
+    end = closing_brace(text, start)  # the same count as upstream, scanned from the backslash
+    return None if end is None else text[start:end + 1]
 
 
 def remove_boxed(boxed: str | None) -> str | None:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from arlopti.analysis.buckets import (BUCKET_NAMES, bucket_counts, bucket_fractions, bucket_index, bucket_means,
+from arlopti.algorithms.buckets import (BUCKET_NAMES, bucket_counts, bucket_fractions, bucket_index, bucket_means,
                                       grad_mass_shares, is_monotone_decreasing, per_bucket_dict,
                                       stratified_token_sample, update_direction_counts,
                                       update_direction_fractions)
@@ -93,7 +93,7 @@ def test_monotone():
 
 
 def test_token_distribution_by_hand():
-    from arlopti.analysis.buckets import token_distribution
+    from arlopti.algorithms.buckets import token_distribution
 
     p = torch.tensor([[0.1, 0.2, 0.6, 0.99, 0.95, 0.3]])
     adv = torch.tensor([[1.0, -1.0, 2.0, -2.0, 3.0, 9.0]])
@@ -107,7 +107,7 @@ def test_token_distribution_by_hand():
 
 def test_rounding_above_one_lands_in_the_top_bucket():
     # a fused / bf16 log-prob kernel can return log p slightly above 0 for a saturated token
-    from arlopti.analysis.buckets import grad_mass, prob_bin_counts
+    from arlopti.algorithms.buckets import grad_mass, prob_bin_counts
 
     p = torch.exp(torch.tensor([[1e-5, -3.0]]))
     assert float(p[0, 0]) > 1 + 1e-6
