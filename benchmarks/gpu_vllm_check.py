@@ -12,7 +12,9 @@ weights made here. Without ``--model-dir`` the model is built in-process. The sc
 in-process vLLM engine from it (sleep mode on when the platform has it) and checks, printing a
 ``PASS``/``FAIL`` (or ``SKIP``/``INFO``) line each:
 
-1. ``engine``: the engine starts; which weight-sync route the backend takes (CUDA: ``load_weights``).
+1. ``engine``: the engine starts, with dummy weights and the first sync from memory, on a config
+   that carries Qwen2.5-7B-Instruct-1M's ``dual_chunk_attention_config`` (dropped from the
+   engine's copy); which weight-sync route the backend takes (CUDA: ``load_weights``).
 2. ``sync``: after one AdamW step (lr 1e-2) and a sync, vLLM's processed log-probs of its own
    samples (T = 0.7) agree with ``PolicyLM.forward`` at T = 0.7: max abs diff < tolerance.
 3. ``stale``: after a second step without a sync the gap is far larger (mean > 20x the synced
@@ -122,6 +124,9 @@ def run(args) -> Report:
     else:
         tok = build_tiny_tokenizer()
         hf = build_tiny_model(tok, TinySpec(num_heads=2, num_kv_heads=1))
+    # Qwen2.5-7B-Instruct-1M's key (transformers ignores it): the engine must start without using it
+    hf.config.dual_chunk_attention_config = {"chunk_size": 262144, "local_size": 8192,
+                                             "original_max_position_embeddings": 262144}
     base = PolicyLM(hf).to(device=device, dtype=dtype)
     prompts = [tok(t)["input_ids"] for t in TEXTS]
     cfg = RolloutConfig(backend="vllm", max_new_tokens=32, max_model_len=256, sync_bucket_mb=0, seed=0,

@@ -148,3 +148,94 @@ def test_mlflow_file_store_names_a_metric_that_is_also_a_folder():
     assert file_store_names(["m/x", "m/x/0.00-0.25", "reward/mean"], renamed) == {
         "m/x": "m/x/all", "m/x/0.00-0.25": "m/x/0.00-0.25", "reward/mean": "reward/mean"}
     assert file_store_names(["m/x"], renamed) == {"m/x": "m/x/all"}  # renamed for good
+
+
+# ---- start-up checks against the host each logger will really use (issue 24, §2) ---------------
+
+
+def _free_loopback_port() -> int:
+    """A localhost port nothing listens on (bound, then closed)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_wandb_probes_its_own_base_url_and_falls_back_offline_when_the_host_is_not_wandb(tmp_path, monkeypatch,
+                                                                                           caplog):
+    """A loopback HTTP server that accepts TCP and answers 404 to everything, named only in wandb's
+    own settings file (no WANDB_BASE_URL): the probe checks that host, not api.wandb.ai; the
+    reachability check passes, wandb.init fails (CommError), and the logger is offline with the
+    reason logged."""
+    pytest.importorskip("wandb")
+    import http.server
+    import logging
+    import socketserver
+    import threading
+
+    import wandb
+
+    from arlopti.loggers import wandb_base_url, wandb_logger
+
+    class NotWandb(http.server.BaseHTTPRequestHandler):
+        def _answer(self):
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b"not W&B")
+
+        do_GET = do_POST = do_PUT = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = socketserver.TCPServer(("127.0.0.1", 0), NotWandb)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        config_dir = tmp_path / "wandb_config"
+        config_dir.mkdir()
+        (config_dir / "settings").write_text(f"[default]\nbase_url = {url}\n")
+        for k, v in {"WANDB_CONFIG_DIR": str(config_dir), "WANDB_API_KEY": "a" * 40, "WANDB_DIR": str(tmp_path),
+                     "WANDB_SILENT": "true", "WANDB_ERROR_REPORTING": "false"}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+        monkeypatch.delenv("WANDB_BASE_URL", raising=False)
+        wandb.teardown()  # settings are read once per process: re-read them from this environment
+        assert wandb_base_url() == url
+        with caplog.at_level(logging.WARNING, logger="arlopti.loggers"):
+            logger = wandb_logger(offline="auto", save_dir=str(tmp_path), project="p")
+        assert logger._offline is True
+        assert f"could not start an online run at {url} (CommError" in caplog.text
+        assert "logging offline instead" in caplog.text
+    finally:
+        server.shutdown()
+        monkeypatch.undo()
+        wandb.teardown()
+
+
+def test_mlflow_tracking_server_down_is_refused_at_start_up_naming_the_uri(tmp_path):
+    """logger.mlflow.tracking_uri=http://127.0.0.1:<closed port> through train.py: exit status 1
+    within seconds, the message naming the URI (MLflow alone retries for minutes)."""
+    pytest.importorskip("mlflow")
+    from test_clear_failures import run_train_cli
+
+    uri = f"http://127.0.0.1:{_free_loopback_port()}"
+    code, err = run_train_cli(tmp_path, "logger=mlflow", f"logger.mlflow.tracking_uri={uri}")
+    assert code == 1
+    assert f"logger.mlflow.tracking_uri={uri}: no MLflow tracking server answers there" in err
+
+
+def test_mlflow_new_experiment_warning_is_dropped(caplog):
+    import logging
+
+    from arlopti.loggers import _quiet_new_experiment
+
+    _quiet_new_experiment()
+    _quiet_new_experiment()  # idempotent: one filter
+    mlflow_log = logging.getLogger("lightning.pytorch.loggers.mlflow")
+    assert sum(type(f).__name__ == "_NewExperimentFilter" for f in mlflow_log.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="lightning.pytorch.loggers.mlflow"):
+        mlflow_log.warning("Experiment with name kk not found. Creating it.")
+        mlflow_log.warning("something else")
+    assert "Creating it" not in caplog.text and "something else" in caplog.text

@@ -7,3 +7,5 @@ __version__ = "0.1.0"
 from arlopti import config as _config  # noqa: E402,F401
 from arlopti import run_name as _run_name  # noqa: E402,F401
 from arlopti import config_resolvers as _config_resolvers  # noqa: E402,F401
+# arlopti.run(...): a run from Python (arlopti/api.py; its module imports only the standard library).
+from arlopti.api import RunResult, run  # noqa: E402,F401

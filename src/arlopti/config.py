@@ -322,6 +322,23 @@ class TinyModelConfig:
 
 
 @dataclass
+class LoraConfig:
+    """LoRA adapters on the policy (peft; arlopti/learner/lora.py, docs/lora.md). Off while ``r`` is 0."""
+
+    r: int | None = setting(0, "LoRA rank; 0 or null = full-parameter training (off)", range="[0, inf)")
+    alpha: float | None = setting(None, "LoRA alpha (scale alpha / r); null = 2 x r", range="(0, inf)")
+    dropout: float = setting(0.0, "dropout on the LoRA input (> 0 makes the training forward stochastic)",
+                             range="[0, 1)")
+    target_modules: list[str] = setting(
+        help="module names to adapt (leaf names such as q_proj, or regex-free full suffixes); "
+             "'all-linear' = every decoder linear layer (q,k,v,o,gate,up,down_proj for Qwen2/Llama)",
+        factory=lambda: ["all-linear"])
+    modules_to_save: list[str] = setting(
+        help="modules trained in full next to the adapters, matched by name suffix as peft does (e.g. norm: every "
+             "*norm layer); not the LM head", factory=list)
+
+
+@dataclass
 class ModelConfig:
     """The policy, and the frozen reference model built from the same config."""
 
@@ -337,6 +354,8 @@ class ModelConfig:
     tiny: TinyModelConfig = setting(help="the random test model (name_or_path=tiny only)", factory=TinyModelConfig)
     decoder_layer_class: str | None = setting(
         None, "FSDP2: the decoder-layer class to shard; null = infer from the model (learner.sharding)")
+    lora: LoraConfig = setting(help="LoRA adapters (off by default; model.lora.r=16 turns them on)",
+                               factory=LoraConfig)
 
 
 @dataclass
@@ -371,6 +390,11 @@ class RolloutConfig:
         True, "keep the engine's sampling log-probs: the rollout/trainer mismatch metrics (mismatch/*) every step, "
               "and algorithm.rollout_correction needs them (about 0.1% of a SmolLM2 decoding step on the HF engine)")
     dtype: str | None = setting(None, "vLLM engine dtype; null = the policy's", choices=_DTYPES)
+    lora_sync: str = setting("merged", "vLLM with model.lora: how the adapters reach the engine",
+                             choices={"merged": "send W + (alpha/r) B A for adapted layers (the trainer's weights "
+                                                "untouched) with the rest of the weights",
+                                      "adapter": "the engine serves LoRA; only the adapter is sent, as a new "
+                                                 "versioned LoRA request"})
 
 
 @dataclass
@@ -708,6 +732,18 @@ def _require(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def check_rollout_offload(backend: str, cpu_offload: bool) -> None:
+    """``rollout.backend=vllm`` with ``trainer.strategy.cpu_offload=true`` is refused (RolloutCallback.setup,
+    before the engine starts): the weight sync gathers each FSDP2 shard with ``full_tensor()``, which
+    for CPU-offloaded shards would go through the NCCL-only process group; no GPU has run it
+    (../shared/notes/gpu_path_review.md R5)."""
+    _require(not (backend == "vllm" and cpu_offload),
+             "rollout.backend=vllm cannot run with trainer.strategy.cpu_offload=true: the weight sync would gather "
+             "CPU-offloaded shards over NCCL (untested, expected to fail). Set trainer.strategy.cpu_offload=false "
+             "(7B on 4x80 GB fits without it at the experiments' rollout.gpu_memory_utilization, "
+             "benchmarks/memory_plan.py) or use rollout=hf")
+
+
 def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     """Field checks (choices, ranges) and cross-field checks; raises :class:`ConfigError` naming
     the key and the numbers."""
@@ -737,7 +773,25 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     r = cfg.rollout
     _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
              "(log-probs are computed from logits / T)")
+    _validate_lr(cfg.optim)
     _validate_algorithm(cfg.algorithm, r)
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _validate_lr(o: OptimConfig) -> None:
+    """The learning rate must be a finite float32, and so must the largest step size the optimizer
+    derives from it: AdamW's first step divides lr by its bias correction 1 - beta1 (torch computes
+    it in float32, and fails with an overflow error deep inside ``step``)."""
+    _require(math.isfinite(o.lr) and abs(o.lr) <= _FLOAT32_MAX,
+             f"optim.lr={o.lr!r} is not a finite float32 (largest {_FLOAT32_MAX:.4g}); use a learning rate such "
+             "as 1e-6")
+    if o.name == "adamw" and 0 <= o.betas[0] < 1:
+        step = o.lr / (1.0 - o.betas[0])
+        _require(step <= _FLOAT32_MAX,
+                 f"optim.lr={o.lr!r} is too large: AdamW's first step size lr / (1 - optim.betas[0]) = {step:.4g} "
+                 f"is not a finite float32 (largest {_FLOAT32_MAX:.4g}); use a learning rate such as 1e-6")
 
 
 #: Policy losses that take no dual-clip, and the loss aggregation a loss requires (if any).

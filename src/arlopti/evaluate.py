@@ -170,14 +170,14 @@ def eval_ckpt_path(cfg: DictConfig) -> str | None:
 def check_finite_weights(model, what: str) -> None:
     """Refuse a model with NaN / inf weights: it would score every response as garbage with no
     warning. The error names ``what`` (the checkpoint) and the first bad tensor."""
-    import torch
+    from arlopti.resume import first_nonfinite
 
-    for name, t in model.state_dict().items():
-        if torch.is_floating_point(t) and not bool(torch.isfinite(t).all()):
-            bad = int((~torch.isfinite(t)).sum())
-            raise ValueError(f"{what} holds non-finite weights: first bad tensor {name!r} ({bad} of {t.numel()} "
-                             "values NaN/inf); the run diverged or the file is corrupt. Evaluate an earlier "
-                             "checkpoint.")
+    found = first_nonfinite(model.state_dict().items())
+    if found is not None:
+        name, bad, numel = found
+        raise ValueError(f"{what} holds non-finite weights: first bad tensor {name!r} ({bad} of {numel} "
+                         "values NaN/inf); the run diverged or the file is corrupt. Evaluate an earlier "
+                         "checkpoint.")
 
 
 def evaluate(cfg: DictConfig) -> dict:
@@ -279,7 +279,8 @@ def print_table(metrics: dict[str, float], model: str | None = None, ckpt: str |
     cols = sorted({c for r in rows.values() for c in r})
     sizes = {(r.name, r.mode): (r.problems, r.n) for r in results or []}
     title = "evaluation" + (f": model {model}" if model else "") + f", checkpoint {ckpt or 'none (the model config)'}"
-    table = Table(title=title)
+    print(title)  # plain print: rich would wrap the title at the table's width and split the path
+    table = Table()
     table.add_column("set")
     table.add_column("mode")
     if sizes:

@@ -6,6 +6,8 @@ a run directory works too (its ``checkpoints/last.ckpt``). ``<out_dir>`` receive
 ``save_pretrained`` weights (safetensors), config, generation config and tokenizer, plus
 ``arlopti_export.json`` naming the source checkpoint and its rollout step. The result loads with
 ``AutoModelForCausalLM.from_pretrained(out_dir)`` and ``AutoTokenizer.from_pretrained(out_dir)``.
+A LoRA run (``model.lora.r > 0``) exports its adapter as a PEFT folder, or merged weights with
+``--merge`` (docs/lora.md).
 
 The model architecture and tokenizer come from the run config saved in the checkpoint
 (``hyper_parameters.run.model``): ``tiny`` models and their tokenizer are rebuilt
@@ -30,6 +32,7 @@ import torch
 
 from arlopti.callbacks.checkpointing import load_checkpoint_metadata
 from arlopti.config import ModelConfig, from_dict
+from arlopti.learner.lora import apply_lora, check_base_identity, lora_enabled
 from arlopti.resume import META, CheckpointError, last_in, validate_checkpoint
 
 POLICY_PREFIX = "policy.hf."
@@ -107,11 +110,19 @@ def policy_state_dict(path: Path, like: dict[str, torch.Tensor]) -> dict[str, to
     return {name: target[key] for name, key in names.items()}
 
 
-def load_policy_from_checkpoint(ckpt: str | Path):
-    """``(hf_model, tokenizer)`` of a training checkpoint, in eval mode on CPU."""
+def load_policy_from_checkpoint(ckpt: str | Path, merge: bool = True):
+    """``(hf_model, tokenizer)`` of a training checkpoint, in eval mode on CPU.
+
+    A LoRA checkpoint (``model.lora.r > 0``) holds only the adapter: the base is loaded from
+    ``model.name_or_path``, checked against the identity the checkpoint recorded, and the adapter
+    put on it; ``merge`` folds it into the weights (a plain HF model), else the ``PeftModel`` is
+    returned."""
     path = resolve_checkpoint(ckpt)
     meta = load_checkpoint_metadata(path)
-    model, tok = build_model_and_tokenizer(model_config_of(meta, path))
+    model_cfg = model_config_of(meta, path)
+    if lora_enabled(model_cfg.lora):
+        return _load_lora_policy(path, meta, model_cfg, merge)
+    model, tok = build_model_and_tokenizer(model_cfg)
     own = model.state_dict()
     state = policy_state_dict(path, own)
     tied = _tied_names(model)
@@ -128,6 +139,25 @@ def load_policy_from_checkpoint(ckpt: str | Path):
     return model, tok
 
 
+def _load_lora_policy(path: Path, meta: dict, model_cfg: ModelConfig, merge: bool):
+    """The base model with the checkpoint's adapter (merged into it when ``merge``)."""
+    from arlopti.models import load_causal_lm, load_tokenizer
+
+    tok = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
+    base = load_causal_lm(model_cfg.name_or_path, tok, dtype=model_cfg.dtype, tiny=model_cfg.tiny)
+    model = apply_lora(base, model_cfg.lora)
+    check_base_identity((meta.get("arlopti") or {}).get("lora_base"), model.arlopti_base_identity, f"export of {path}")
+    own = model.state_dict()  # the adapter's tensors only (learner.lora drops the frozen base)
+    state = policy_state_dict(path, own)
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {path} does not hold the adapter its config describes: missing "
+                              f"{missing[:5]}, unexpected {unexpected[:5]}")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()}, strict=False)
+    model.eval()
+    return (model.merge_and_unload() if merge else model), tok
+
+
 def _tied_names(model) -> set[str]:
     """State-dict names that share storage with an earlier name (e.g. a tied LM head)."""
     seen: dict[int, str] = {}
@@ -141,13 +171,16 @@ def _tied_names(model) -> set[str]:
     return tied
 
 
-def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None) -> Path:
+def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None, merge: bool = False) -> Path:
     """Write ``save_pretrained`` model + tokenizer of ``ckpt`` into ``out_dir``; returns ``out_dir``.
 
     ``dtype`` (``bfloat16``, ``float16``, ``float32``) casts the weights; default: as trained.
+    A LoRA checkpoint exports a PEFT adapter folder (``adapter_model.safetensors`` +
+    ``adapter_config.json``, for ``PeftModel.from_pretrained(base, out_dir)``), or with ``merge``
+    the merged full weights.
     """
     path = resolve_checkpoint(ckpt)
-    model, tok = load_policy_from_checkpoint(path)
+    model, tok = load_policy_from_checkpoint(path, merge=merge)
     if dtype is not None:
         if dtype not in ("bfloat16", "float16", "float32"):
             raise ValueError(f"--dtype {dtype!r}: use bfloat16, float16 or float32")
@@ -160,6 +193,8 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     info = {"checkpoint": str(path.resolve()), "rollout_step": (meta.get("arlopti") or {}).get("rollout_step"),
             "global_step": meta.get("global_step"),
             "model": (meta.get("hyper_parameters") or {}).get("run", {}).get("model", {}).get("name_or_path")}
+    if (meta.get("arlopti") or {}).get("lora_base"):
+        info.update(lora="merged" if merge else "adapter", lora_base=meta["arlopti"]["lora_base"])
     (out / "arlopti_export.json").write_text(json.dumps(info, indent=2))
     return out
 
@@ -170,9 +205,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dir", help="where to write the save_pretrained model and tokenizer")
     ap.add_argument("--dtype", default=None,
                     help="cast the weights: bfloat16 | float16 | float32 (default: as trained)")
+    ap.add_argument("--merge", action="store_true",
+                    help="LoRA checkpoints: write merged full weights instead of the PEFT adapter folder")
     args = ap.parse_args(argv)
     try:
-        out = export_checkpoint(args.ckpt, args.out_dir, args.dtype)
+        out = export_checkpoint(args.ckpt, args.out_dir, args.dtype, merge=args.merge)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -173,9 +173,35 @@ def _named_checkpoint(ckpt_path: str) -> Path:
         found = last_in(path / "checkpoints")
         if found is None:
             raise FileNotFoundError(
-                f"ckpt_path={ckpt_path!r} is a run directory without checkpoints/last.ckpt")
+                f"ckpt_path={ckpt_path!r} is a run directory without checkpoints/last.ckpt (looked for "
+                f"{path / 'checkpoints' / LAST} and {path / 'checkpoints' / (LAST + '.old')})")
         return found
+    if path.is_dir() and not _looks_like_distributed_checkpoint(path):
+        raise FileNotFoundError(
+            f"ckpt_path={ckpt_path!r} is a folder that holds no checkpoint. Looked for: a run directory's "
+            f"{path / 'checkpoints' / LAST} (or {LAST}.old), and a distributed-checkpoint folder's {path / META} "
+            "or *.distcp shards. Pass a run directory, a .ckpt file, or ckpt_path=last")
     return path
+
+
+def _looks_like_distributed_checkpoint(folder: Path) -> bool:
+    """Whether ``folder`` holds any part of a distributed checkpoint (its metadata, a shard, the manifest)."""
+    return (folder / META).exists() or (folder / MANIFEST).exists() or any(folder.glob("*.distcp"))
+
+
+def first_nonfinite(named_tensors) -> tuple[str, int, int] | None:
+    """``(name, bad count, numel)`` of the first floating-point tensor of ``named_tensors`` (an
+    iterable of ``(name, tensor)``) holding NaN or inf, else None. DTensor shards are read locally."""
+    import torch
+
+    for name, t in named_tensors:
+        if not isinstance(t, torch.Tensor) or not torch.is_floating_point(t):
+            continue
+        local = t.to_local() if hasattr(t, "to_local") else t
+        finite = torch.isfinite(local)
+        if not bool(finite.all()):
+            return name, int((~finite).sum()), local.numel()
+    return None
 
 
 # (path, size, mtime_ns) of checkpoints verified in this process: each is read in full only once

@@ -178,6 +178,9 @@ def build(cfg: DictConfig):
     L.seed_everything(cfg.seed, workers=True)
     run = run_config(cfg)
     callbacks = instantiate_dict(cfg.get("callbacks"))
+    for cb in callbacks:  # a checkpoint folder that cannot be written: now, not at the first save
+        if hasattr(cb, "check_writable"):
+            cb.check_writable()
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     # The one validation of a start, with the real world size, before any model is loaded;
@@ -185,6 +188,9 @@ def build(cfg: DictConfig):
     validate_once(run, int(trainer.num_devices) * int(trainer.num_nodes))
     log.info("algorithm: %s (algorithm.ar_alpha=%s, algorithm.lopti.enabled=%s)", run.algorithm.label,
              run.algorithm.ar_alpha, run.algorithm.lopti.enabled)
+    from arlopti.learner.lora import hydra_choice, note_fidelity
+
+    note_fidelity(run.model.lora, hydra_choice("fidelity"))  # LoRA + fidelity=official: allowed, noted
     task_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
     check_task_options(task_options)
     tokenizer = load_tokenizer(run.model.name_or_path, run.model.tiny.vocab_size)

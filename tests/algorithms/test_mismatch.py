@@ -18,7 +18,7 @@ import torch
 
 from arlopti.algorithms.mismatch import METRIC_NAMES, correction_weights, mismatch_metrics
 from arlopti.algorithms.registry import ROLLOUT_CORRECTIONS
-from arlopti.analysis.buckets import BUCKET_NAMES
+from arlopti.algorithms.buckets import BUCKET_NAMES
 from arlopti.config import ConfigError, RolloutCorrectionConfig
 
 L = math.log

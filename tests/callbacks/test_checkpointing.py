@@ -198,6 +198,52 @@ def test_loading_weights_of_another_model_is_refused(saved_ckpt, tiny_tokenizer)
         module.on_load_checkpoint(torch.load(saved_ckpt, weights_only=False))
 
 
+def test_ctrl_c_mid_step_saves_and_the_resumed_run_is_bit_exact(tiny_tokenizer, tmp_path, caplog):
+    """SIGINT (Ctrl-C) during step 2 of 4: the step finishes, last.ckpt is written, the resume
+    command is logged, training stops; resuming gives the uninterrupted run's steps 3-4 (metrics,
+    data order, RNG draws) and its final parameters bit for bit (issue 24, §2)."""
+    import logging
+
+    class CtrlC(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if pl_module.rollout_step == 1:  # during step 2
+                os.kill(os.getpid(), signal.SIGINT)
+
+    full, rec_full, _ = run(tiny_tokenizer, 4, tmp_path / "full")
+    before = signal.getsignal(signal.SIGINT)
+    with caplog.at_level(logging.WARNING, logger="arlopti.callbacks.checkpointing"):
+        part, rec1, ckpt = run(tiny_tokenizer, 4, tmp_path / "cut", callbacks=[CtrlC()], every=None)
+    last = tmp_path / "cut" / "last.ckpt"
+    assert part.rollout_step == 2 and ckpt.preempted
+    assert json.loads((tmp_path / "cut" / "PREEMPTED").read_text()) == {"rollout_step": 2, "signal": "SIGINT"}
+    assert f"stopped by SIGINT after rollout step 2. Resume with the same command plus ckpt_path={last}" in caplog.text
+    assert signal.getsignal(signal.SIGINT) == before, "Ctrl-C must behave as usual again after training"
+    resumed, rec2, _ = run(tiny_tokenizer, 4, tmp_path / "cut", ckpt_path=str(last), every=None)
+    rows = rec1.rows + rec2.rows
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for a, b in zip(rec_full.rows, rows):
+        assert a == b, f"step {a['step']} differs after the Ctrl-C resume"
+    pa, pb = params(full), params(resumed)
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path, monkeypatch):
+    """The first SIGINT only sets the flag; the second restores the default action and re-sends
+    the signal to this process (which then dies at once; os.kill is intercepted here)."""
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    ckpt = RolloutCheckpoint(str(tmp_path))
+    assert signal.SIGINT in ckpt.signals
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        ckpt._on_signal(signal.SIGINT, None)
+        assert ckpt._received == signal.SIGINT and sent == []
+        ckpt._on_signal(signal.SIGINT, None)
+        assert sent == [(os.getpid(), signal.SIGINT)] and signal.getsignal(signal.SIGINT) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 # ---------------------------------------------------------------------------------------------
 # real processes: SIGTERM and kill -9
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ from collections import Counter
 
 import pytest
 
-from arlopti.callbacks.progress import (StepLine, clip_fraction, eta_seconds, format_duration, format_line,
+from arlopti.callbacks.progress import (StepLine, clip_fraction, eta_seconds, format_compact, format_duration,
+                                        format_line, line_style,
                                         planned_steps)
 from conftest import REPO_ROOT
 
@@ -42,6 +43,22 @@ def test_format_line_by_hand():
         "step 3/10 | reward -1.250 | acc 0.125 | kl 1.00e-03 | ent 1.234 | clip 0.030 | len 85 | tok/s 312 | "
         "4.1 s/step | ETA 0:00:29")
     assert format_line(1, math.inf, {"reward/mean": 0.0}, None, None) == "step 1/? | reward 0.000 | ETA ?"
+    failing = {"reward/mean": 0.0, "reward/error": 0.75, "reward/timeout": 0.25}
+    assert format_line(1, 2, failing, None, None) == "step 1/2 | reward 0.000 | reward_err 1.000 | ETA ?"
+
+
+def test_compact_line_fits_80_columns_and_long_needs_a_wide_terminal():
+    m = {"reward/mean": -1.25, "reward/accuracy": 0.125, "update/kl": 0.001, "update/entropy": 1.2345,
+         "update/clip_frac_low": 0.01, "rollout/response_len_mean": 85.4, "timing/tokens_per_s": 312.4}
+    assert format_compact(3, 10, m, 4.06, 29.0) == (
+        "step 3/10 rew -1.250 acc 0.125 kl 1.0e-03 len 85 ETA 0:00:29")
+    worst = {**m, "reward/mean": -9.125, "update/kl": 1.5e-10, "reward/error": 0.5, "reward/accuracy": 1.0,
+             "rollout/response_len_mean": 32768}
+    assert len(format_compact(9_999, 9_999, worst, 9999.9, 86399)) <= 80
+    assert "err 0.50" in format_compact(1, 2, worst, None, None)
+    assert line_style(80) == "compact" and line_style(159) == "compact" and line_style(200) == "long"
+    with pytest.raises(ValueError, match="callbacks.step_line.style"):
+        StepLine(style="wide")
 
 
 def test_every_n_steps_is_checked():
@@ -63,13 +80,26 @@ def test_non_tty_run_logs_one_line_per_step_and_nothing_twice(tmp_path):
     log_lines = (run / "train.log").read_text().splitlines()
     steps = [ln for ln in log_lines if "[arlopti.progress]" in ln]
     assert [re.search(r"step (\d+)/(\d+)", ln).groups() for ln in steps] == [("1", "3"), ("2", "3"), ("3", "3")]
-    assert all(" | reward " in ln and " | tok/s " in ln and " | ETA " in ln for ln in steps)
+    # no TTY: the 80-column form, never wrapped
+    assert all(" rew " in ln and " ETA " in ln and " | " not in ln for ln in steps)
+    assert all(len(LOG_PREFIX.sub("", ln)) <= 80 for ln in steps)
     # no message twice, in train.log or on the console (the doubling printed "INFO: <msg>" beside Hydra's line)
     for lines in (log_lines, proc.stdout.splitlines()):
         messages = [LOG_PREFIX.sub("", ln) for ln in lines if LOG_PREFIX.match(ln)]
         assert messages and not [m for m, c in Counter(messages).items() if c > 1]
     console = proc.stdout
-    assert sum(ln in console for ln in steps) == 3
+    # on the console the step line comes bare (no Hydra prefix), so the compact form fits 80 columns
+    console_lines = console.splitlines()
+    assert all(LOG_PREFIX.sub("", ln) in console_lines for ln in steps)
+    assert not [ln for ln in console_lines if "[arlopti.progress]" in ln]
     assert not re.search(r"^INFO: ", console, re.M), "Lightning's own handler still prints"
     assert "💡" not in console and "LeafSpec" not in console and "in eval mode at the start" not in console
     assert re.search(r"rollout steps .* 3/3 ", console)  # the bar counts rollout steps
+    # logger=csv: the csv hint on one line, no TensorBoard hint (no such folder)
+    assert f"CSV: {run / 'csv' / 'metrics.csv'}\n" in console
+    assert "tensorboard --logdir" not in console and not (run / "tensorboard").exists()
+    # metrics.csv: one row per rollout step (learner, diagnostics: one row)
+    import csv
+
+    rows = list(csv.DictReader(open(run / "csv" / "metrics.csv")))
+    assert [r["step"] for r in rows] == ["1", "2", "3"] and all(r["reward/mean"] for r in rows)

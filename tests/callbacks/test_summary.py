@@ -30,3 +30,31 @@ def test_a_single_evaluation_is_not_reported_as_the_start():
     before = {"rollout_step": 0, "val/kk/mean/greedy/acc": 0.1}
     s = cb.summary(_module([before, only]))
     assert s["eval_first"] == before and s["eval_last"] == only
+
+
+def test_hints_only_for_the_loggers_in_use():
+    from arlopti.callbacks.summary import logger_hints
+
+    def fake(class_name, **attrs):
+        return type(class_name, (), attrs)()
+
+    run = SimpleNamespace(dir="/runs/r1/wandb/offline-run-x/files", url=None)
+    hints = logger_hints([fake("CSVLogger", log_dir="/runs/r1/csv"),
+                          fake("WandbLogger", _offline=True, _experiment=run),
+                          fake("MLFlowLogger", _tracking_uri="file:/runs/r1/mlruns")])
+    assert hints == ["CSV: /runs/r1/csv/metrics.csv",
+                     "wandb (offline): /runs/r1/wandb/offline-run-x\n  upload: wandb sync /runs/r1/wandb/offline-run-x",
+                     "MLflow: mlflow ui --backend-store-uri file:/runs/r1/mlruns"]
+    assert logger_hints([fake("TensorBoardLogger", log_dir="/runs/r1/tensorboard")]) == [
+        "TensorBoard: tensorboard --logdir /runs/r1/tensorboard"]
+    assert logger_hints([]) == []
+
+
+def test_reward_err_row_only_when_calls_failed(capsys, tmp_path):
+    module = SimpleNamespace(rollout_step=2, _trainer=None, eval_results=[])
+    trainer = SimpleNamespace(loggers=[], default_root_dir=str(tmp_path))
+    for errors, shown in ((0.0, False), (0.5, True)):
+        cb = TrainingSummary(out_file=str(tmp_path / "summary.json"))
+        cb.history = [{"reward/mean": 0.0, "reward/error": errors, "reward/timeout": 0.0}] * 2
+        cb.on_fit_end(trainer, module)
+        assert ("reward_err" in capsys.readouterr().out) is shown

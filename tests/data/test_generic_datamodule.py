@@ -194,3 +194,44 @@ def test_preview_writes_the_prompts_fed(tmp_path):
     fed = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["split"], r["set"]) for r in fed] == [("train", "train")] * 3 + [("val", "val")] * 2
     assert {r["prompt_text"] for r in fed} == {r["prompt"] for r in ROWS}
+
+
+def _write_verl_parquet(path: Path) -> Path:
+    """Rows in verl's RL layout (verl/utils/dataset/README.md), written with pyarrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"data_source": "openai/gsm8k", "ability": "math",
+             "prompt": [{"role": "user", "content": f"What is {i} + {i}? Put the answer after ####."}],
+             "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+             "extra_info": {"split": "train", "index": i}} for i in range(4)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_verl_parquet_preset_reads_messages_and_nested_ground_truth(tmp_path, tiny_tokenizer):
+    from arlopti.data.preview import compose
+
+    path = _write_verl_parquet(tmp_path / "train.parquet")
+    cfg = compose(["data=verl_parquet", f"data.train_file={path}"])
+    assert cfg.data.answer_key == "reward_model.ground_truth"
+    import hydra
+
+    dm = hydra.utils.instantiate(cfg.data, tokenizer=tiny_tokenizer)
+    records = dm.train_records()
+    assert [r.ground_truth for r in records] == ["0", "2", "4", "6"]
+    assert records[1].messages == [{"role": "user", "content": "What is 1 + 1? Put the answer after ####."}]
+    assert records[1].meta["data_source"] == "openai/gsm8k" and records[1].meta["extra_info"]["index"] == 1
+    assert records[1].meta["reward_model"]["style"] == "rule"
+
+
+def test_dotted_key_errors_name_where_the_walk_stopped(tmp_path):
+    path = _write_verl_parquet(tmp_path / "train.parquet")
+    dm = GenericPromptDataModule(train_file=str(path), prompt_key="prompt", answer_key="reward_model.gold")
+    with pytest.raises(ValueError, match=r"no column 'reward_model.gold' \(data.answer_key.*reward_model holds the "
+                                         r"keys \['ground_truth', 'style'\]"):
+        dm.train_records()
+    dm = GenericPromptDataModule(train_file=str(path), prompt_key="question.text")
+    with pytest.raises(ValueError, match=r"train.parquet\[0\]: no column 'question.text' \(data.prompt_key\); the "
+                                         r"record's columns"):
+        dm.train_records()

@@ -169,7 +169,7 @@ def test_long_prompts_are_filtered_and_counted_not_truncated(tiny_tokenizer):
     dm = generated(tiny_tokenizer)
     lengths = sorted(len(s.prompt_ids) for s in dm.train_samples)
     cut = lengths[len(lengths) // 2]
-    short = generated(tiny_tokenizer, max_prompt_length=cut)
+    short = generated(tiny_tokenizer, max_prompt_length=cut, val_max_prompt_length=BIG)  # a val set emptied: error
     kept = sum(1 for n in lengths if n <= cut)
     assert len(short.train_samples) == kept and short.filtered_counts["train"] == 24 - kept
     assert all(len(s.prompt_ids) <= cut for s in short.train_samples)
@@ -265,7 +265,8 @@ def test_kk_config_composes_and_instantiates(tiny_tokenizer, tmp_path):
     cfg = compose(tmp_path, "kk")
     assert cfg.data.max_prompt_length == 400 and cfg.data.template == "official"
     assert cfg.data.val_max_prompt_length is None
-    dm = instantiate(cfg.data, tokenizer=tiny_tokenizer)
+    # the tiny tokenizer makes every 4-7-people validation prompt longer than 400 tokens, an error (issue 24)
+    dm = instantiate(cfg.data, tokenizer=tiny_tokenizer, val_max_prompt_length=BIG)
     assert isinstance(dm, KKDataModule) and dm.prompts_per_step == 8 and dm.seed == 3
     dm.setup()
     # With the real tokenizers nothing is dropped at 400 tokens; the tiny one drops most prompts.
@@ -315,11 +316,9 @@ def test_an_empty_or_short_validation_set_is_never_silent(tmp_path, caplog):
     assert re.search(r"validation set kk_3ppl: 100 puzzles from .*kk_test_3ppl\.jsonl", caplog.text)
 
 
-def test_a_validation_set_emptied_by_the_length_filter_is_named(tiny_tokenizer, caplog):
-    import logging
-
-    with caplog.at_level(logging.WARNING, logger="arlopti.data.prompt_datamodule"):
-        dm = generated(tiny_tokenizer, val_max_prompt_length=8)
-    assert dm.val_sets["kk_3ppl"] == []
-    assert "validation set kk_3ppl (kk): no prompts left (4 read, all longer than the validation prompt-length " \
-           "limit 8): it is left out of val/kk/mean" in caplog.text
+def test_a_validation_set_emptied_by_the_length_filter_is_an_error_naming_it(tiny_tokenizer):
+    """As an empty validation file (issue 24, §2); through train.py: tests/test_clear_failures.py."""
+    with pytest.raises(ValueError, match=re.escape(
+            "validation set kk_3ppl (kk): every one of its 4 prompts is longer than the validation prompt-length "
+            "limit 8 (data.val_max_prompt_length)")):
+        generated(tiny_tokenizer, val_max_prompt_length=8)

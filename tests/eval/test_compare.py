@@ -136,7 +136,8 @@ def test_two_real_eval_runs_compare(tmp_path):
         report = evaluate(cfg)
         paths.append(tmp_path / run / "eval_results.json")
         assert len(report["items"]) == 3 * 2
-        assert set(report["items"][0]) == {"uid", "set", "mode", "sample", "reward", "correct", "answer"}
+        assert set(report["items"][0]) == {"uid", "set", "mode", "sample", "reward", "correct", "answer",
+                                            "components"}
     full = read_items(paths[0])
     assert (paths[0].parent / "eval_items.jsonl.gz").is_file() and len(full) == 6
     assert all(isinstance(r["response"], str) for r in full) and [r["sample"] for r in full[:2]] == [0, 1]
@@ -144,3 +145,37 @@ def test_two_real_eval_runs_compare(tmp_path):
     row = res["modes"]["sampling"][0]
     assert row["metric"] == "avg@2" and row["items"] == 3 and row["mcnemar"] is None
     assert math.isclose(row["diff"], row["b"] - row["a"])
+
+
+@pytest.mark.parametrize("field, value, expected", [
+    ("correct", "false", "true or false (a JSON boolean)"),
+    ("correct", 0.5, "true or false (a JSON boolean)"),
+    ("correct", None, "true or false (a JSON boolean)"),
+    ("correct", 1, "true or false (a JSON boolean)"),
+    ("sample", -1, "an integer >= 0"),
+    ("sample", "0", "an integer >= 0"),
+    ("uid", True, "a non-empty string or an integer"),
+    ("set", None, "a non-empty string"),
+    ("reward", float("nan"), "a finite number"),
+])
+def test_an_item_with_a_bad_field_is_refused_naming_file_item_and_field(field, value, expected, tmp_path, capsys):
+    """An all-wrong B whose `correct` became the string "false" used to score 1.0 (issue 24, §3)."""
+    a = write(tmp_path, "a.json", items([0] * 10))
+    bad = items([0] * 10)
+    bad[3][field] = value
+    b = tmp_path / "edited.json"
+    b.write_text(json.dumps({"items": bad}))
+    rc = main([str(a), str(b), "--out", str(tmp_path / "cmp.json")])
+    err = capsys.readouterr().err
+    assert rc == 2
+    uid = f" (uid {bad[3]['uid']!r})"
+    assert f"{b}: item 3{uid}: field {field!r} is {json.dumps(value)}, expected {expected}" in err
+    assert not (tmp_path / "cmp.json").exists()
+
+
+def test_an_item_without_a_field_is_refused_naming_it(tmp_path):
+    a = write(tmp_path, "a.json", items(A))
+    bad = items(B)
+    del bad[0]["correct"]
+    with pytest.raises(CompareError, match=r"b\.json: item 0 \(uid 'u0'\): field 'correct' is missing"):
+        compare(a, write(tmp_path, "b.json", bad))

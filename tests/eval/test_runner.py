@@ -107,6 +107,8 @@ def test_keep_items_records_every_response_in_order():
         ("u0", 0, "a", True, "A"), ("u0", 1, "x", False, "X"), ("u1", 0, "b", True, "B"), ("u1", 1, "b", True, "B")]
     assert {r["set"] for r in res[0].items} == {"s"} and {r["mode"] for r in res[0].items} == {"samp"}
     assert [r["reward"] for r in res[0].items] == [1.0, 0.0, 1.0, 1.0]
+    # the reward's named parts (for task=custom, every extra key it returned) reach the records
+    assert [r["components"] for r in res[0].items] == [{"format_ok": 1.0}] * 4
     _, res = evaluate_sets(Scripted(script), sets, {"t": (EvalMode("samp", 1.0, 1.0, -1, 2),)}, lambda _: Exact(), 8,
                            keep_items=True)
     assert res[0].items[0]["answer"] is None

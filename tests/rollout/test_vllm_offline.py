@@ -139,7 +139,10 @@ def test_engine_args_follow_the_config_and_what_this_vllm_accepts():
     kw = engine_args("/m", torch.bfloat16, 128, cfg, sleep_mode=True, quiet=True, placement={}, accepted=everything)
     assert kw == dict(model="/m", tokenizer="/m", dtype="bfloat16", seed=3, gpu_memory_utilization=0.5,
                       enforce_eager=True, max_model_len=128, enable_sleep_mode=True, logprobs_mode="processed_logprobs",
-                      use_tqdm_on_load=False, disable_log_stats=True, log_level="ERROR")
+                      use_tqdm_on_load=False, disable_log_stats=True, log_level="ERROR", load_format="dummy")
+    files = engine_args("/m", torch.bfloat16, 128, cfg, sleep_mode=True, quiet=True, placement={}, accepted=everything,
+                        load_format="auto")
+    assert files["load_format"] == "auto"  # weights="files": the safetensors written to /m
     loud = engine_args("/m", torch.float32, 128, cfg, sleep_mode=False, quiet=False, placement={}, accepted=set())
     assert not {"logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level"} & set(loud)  # an older vLLM
     spread = {"distributed_executor_backend": "external_launcher"}

@@ -29,6 +29,35 @@ def test_one_rank_or_cpu_keeps_the_in_process_executor(device, world):
     assert engine_placement(device, world_size=world, rank=0, local_rank=0) == ({}, {})
 
 
+def test_under_srun_the_engine_takes_the_trainers_gpu_not_the_global_rank(monkeypatch):
+    """Second node's first GPU under ``srun``: global rank 8, ``SLURM_LOCALID=0``, no ``LOCAL_RANK``.
+    The old fallback (``LOCAL_RANK``, else the global rank) gave 8: vLLM's ``local_rank <
+    device_count`` assertion fails on an 8-GPU node."""
+    from arlopti.rollout import vllm as V
+
+    for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("SLURM_NTASKS", "16")
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 8)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 16)
+
+    def no_current_device():
+        raise AssertionError("the trainer's device was given: torch.cuda.current_device() must not be needed")
+
+    monkeypatch.setattr(torch.cuda, "current_device", no_current_device)
+    args, env = V.current_placement("cuda", torch.device("cuda", 0))  # what RolloutCallback passes
+    assert args == {"distributed_executor_backend": "external_launcher"}
+    assert env == {"RANK": "8", "LOCAL_RANK": "0", "WORLD_SIZE": "16"}
+    # without the trainer's device: the device Lightning made current (cuda:0 on this rank)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert V.current_placement("cuda")[1]["LOCAL_RANK"] == "0"
+    assert V.local_device_index("cuda:3") == 3
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,7 +68,8 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
     import sys
     import types
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.pop("LOCAL_RANK", None)  # the engine's GPU comes from the trainer's device, not the environment
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
         import vllm
@@ -65,7 +95,8 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         tok = build_tiny_tokenizer()
         model = build_tiny_model(tok)
         with pytest.raises(RuntimeError, match="arguments recorded"):
-            VLLMEngine.from_policy(model, tok, RolloutConfig(backend="vllm", max_new_tokens=8))
+            VLLMEngine.from_policy(model, tok, RolloutConfig(backend="vllm", max_new_tokens=8),
+                                   device=torch.device("cuda", rank))  # the trainer's root device
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"backend": seen["kwargs"].get("distributed_executor_backend"), "env": seen["env"]}, f)
     finally:

@@ -104,7 +104,8 @@ def test_raise_and_hang_score_zero_and_are_counted(rewards, caplog):
 
 
 def test_batch_budget_stops_hanging_calls(rewards):
-    task = CustomTask(reward_fn=f"{rewards}:score", timeout_s=30, batch_budget_s=0.5, num_workers=1)
+    task = CustomTask(reward_fn=f"{rewards}:score", timeout_s=30, batch_budget_s=0.5, num_workers=1,
+                      max_error_frac=None)
     try:
         out = task.score(["hang", "hang", "5"], ["5"] * 3, [{}] * 3)
     finally:
@@ -229,6 +230,7 @@ def test_training_run_finishes_with_a_reward_that_raises_and_hangs(rewards, tmp_
 
     cfg = compose_train(["data=prompts", f"data.train_file={_prompts(tmp_path)}", "task=custom",
                          f"task.reward_fn={rewards}:flaky", "task.timeout_s=0.3", "task.num_workers=1",
+                         "task.max_error_frac=1.0",
                          "debug=smoke", "logger=none", "rollout.max_new_tokens=4"], tmp_path)
     with caplog.at_level(logging.WARNING, logger="arlopti.tasks.custom"):
         module = train(cfg)["module"]
@@ -239,3 +241,113 @@ def test_training_run_finishes_with_a_reward_that_raises_and_hangs(rewards, tmp_
     assert float(metrics["reward/timeout"]) == pytest.approx(0.5)
     assert float(metrics["reward/mean"]) == 0.0
     assert caplog.text.count("first error") == 1 and "ValueError: flaky reward" in caplog.text
+
+
+# ---- several weighted functions, the stop rule ---------------------------------------------------
+
+SEVERAL = '''
+def exact(response, ground_truth, meta):
+    return {"reward": float(response == ground_truth), "correct": response == ground_truth, "hits": 1.0}
+
+
+def length(response, ground_truth, meta):
+    if response == "raise":
+        raise TypeError("length cannot score this")
+    return -len(response)
+
+
+def always_fails(response, ground_truth, meta):
+    raise TypeError("unsupported operand")
+'''
+
+
+@pytest.fixture()
+def several(tmp_path) -> Path:
+    path = tmp_path / "several.py"
+    path.write_text(SEVERAL)
+    return path
+
+
+def test_several_functions_weighted_sum_components_and_errors(several):
+    task = CustomTask(reward_fns=[f"{several}:exact", f"{several}:length"], reward_weights=[2.0, 0.5],
+                      num_workers=1, max_error_frac=None)
+    try:
+        out = task.score(["5", "44", "raise"], ["5", "4", "raise"], [{}] * 3)
+    finally:
+        task.close()
+    assert [r.reward for r in out] == [2.0 - 0.5, -1.0, 2.0]  # the erroring component counts 0
+    assert [r.components["exact"] for r in out] == [1.0, 0.0, 1.0]
+    assert [r.components["length"] for r in out] == [-1.0, -2.0, 0.0]
+    assert [r.components["exact.hits"] for r in out] == [1.0, 1.0, 1.0]
+    assert [r.components["error"] for r in out] == [0.0, 0.0, 1.0]
+    assert [r.correct for r in out] == [True, False, True]  # from exact's own "correct"
+    assert (task.stats["error:length"], task.stats["error:exact"], task.stats["error"]) == (1, 0, 1)
+
+
+def test_builtin_math_reward_combines_with_a_users(several):
+    task = CustomTask(reward_fns=["arlopti.tasks.builtin_rewards:math", f"{several}:length"],
+                      reward_weights=[1.0, 0.01], num_workers=1)
+    try:
+        out = task.score(["so \\boxed{42}", "\\boxed{41}"], ["42", "42"], [{}, {}])
+    finally:
+        task.close()
+    assert [r.components["math"] for r in out] == [1.0, 0.0]
+    assert [r.correct for r in out] == [True, False]
+    assert out[0].reward == pytest.approx(1.0 - 0.01 * len("so \\boxed{42}"))
+
+
+def test_weights_and_lists_are_checked(several):
+    for kwargs, words in (({"reward_fns": [f"{several}:exact"], "reward_weights": [1.0, 2.0]}, "task.reward_weights"),
+                          ({"reward_fns": f"{several}:exact"}, "expected a list"),
+                          ({"reward_fn": f"{several}:exact", "reward_fns": [f"{several}:exact"]}, "give one"),
+                          ({"reward_fns": [f"{several}:exact", "nope_qq.mod:f"]}, r"task.reward_fns\[1\]"),
+                          ({"reward_fn": f"{several}:exact", "max_error_frac": 2}, "task.max_error_frac")):
+        with pytest.raises(ConfigError, match=words):
+            CustomTask(**kwargs)
+
+
+def test_a_function_that_always_fails_stops_naming_it_the_setting_and_the_traceback(several, caplog):
+    from arlopti.tasks.custom import RewardFailureError
+
+    task = CustomTask(reward_fns=[f"{several}:exact", f"{several}:always_fails"], num_workers=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="arlopti.tasks.custom"):
+            with pytest.raises(RewardFailureError) as err:
+                task.score(["1", "2"], ["1", "2"], [{}, {}])
+    finally:
+        task.close()
+    text = str(err.value)
+    assert "always_fails failed on 2 of 2 responses" in text and "task.max_error_frac=0.5" in text
+    assert "TypeError: unsupported operand" in text and 'several.py", line' in text
+    assert "first error" not in caplog.text  # the traceback is shown once: in the error
+
+
+def test_failures_below_the_limit_over_the_window_do_not_stop(several):
+    task = CustomTask(reward_fn=f"{several}:length", num_workers=1, max_error_frac=0.5, error_window=2)
+    try:
+        task.score(["a", "b", "c"], [None] * 3, [{}] * 3)
+        task.score(["raise", "b"], [None] * 2, [{}] * 2)  # 1 of 5 over the window
+        task.score(["raise", "b"], [None] * 2, [{}] * 2)  # 2 of 4: not above 0.5
+    finally:
+        task.close()
+    assert task.stats["error"] == 2
+
+
+@pytest.mark.slow
+def test_cli_run_with_an_always_failing_reward_exits_non_zero_naming_it(several, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "train.py"), "task=custom",
+                           f"task.reward_fn={several}:always_fails", "data=prompts",
+                           f"data.train_file={_prompts(tmp_path)}", "debug=smoke", "logger=csv",
+                           f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode != 0, out[-3000:]
+    assert f"RewardFailureError: the reward function {several}:always_fails failed on 8 of 8 responses" in out
+    assert "task.max_error_frac=0.5" in out
+    assert out.count("TypeError: unsupported operand") == 1  # the user's traceback, once
+    assert not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()

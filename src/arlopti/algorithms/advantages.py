@@ -7,7 +7,9 @@ were sampled from the same prompt) and return one advantage per response, ``[N]`
              group (the official code's ``torch.std``). ``eps`` is added to the std, not the
              variance. A group of one has no baseline: mean 0, std 1 (official behaviour).
 * ``drgrpo`` A_i = r_i − mean_g (no std normalisation; Dr. GRPO).
-* ``rloo``   A_i = r_i − mean_{j≠i in g} r_j (leave-one-out baseline); 0 for a group of one.
+* ``rloo``   A_i = r_i − mean_{j≠i in g} r_j (leave-one-out baseline); 0 for a group of one
+             (no other response to compare with). **Differs from verl**, whose
+             ``compute_rloo_outcome_advantage`` leaves a group of one at its score, A = r.
 
 A group whose rewards are all equal gets A = 0 under every group-baseline estimator.
 

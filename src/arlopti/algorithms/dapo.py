@@ -61,8 +61,14 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float =
 
 def has_signal(rewards: Tensor) -> Tensor:
     """``rewards`` [groups, G] → bool [groups]: True where the group's rewards are not all equal
-    (max ≠ min, exactly; the same as verl's ``np.std(...) > 0``). A group of one response has no
-    baseline to differ from and is False (our groups have G ≥ 2: ``sizes.group_size``)."""
+    (max ≠ min, exactly: DAPO eq. 11's rule). A group of one response has no baseline to differ
+    from and is False (our groups have G ≥ 2: ``sizes.group_size``).
+
+    **Not always verl's.** verl's recipe keeps a group when ``np.std(metric_vals) > 0``, and
+    ``np.std`` of equal values is not always 0: the mean of G copies of r is rounded, so for some
+    r and G (G not a power of 2) it is a few 1e-17 (``np.std([0.7] * 3)`` = 1.1e-16,
+    ``np.std([0.1] * 3)`` = 1.4e-17). verl then keeps that all-equal group (zero advantage, no
+    signal); we drop it (tests/algorithms/test_algorithm_docs.py). With 0/1 rewards the two agree."""
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [groups, group_size], got shape {tuple(rewards.shape)}")
     if rewards.shape[0] == 0:

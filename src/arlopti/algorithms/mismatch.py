@@ -20,7 +20,7 @@ detached, 0 on padding)::
 
     none     c_t = 1
     tis      c_t = min(w_t, C)                                  token-level truncated IS
-    mis      c_t = 1 if a ≤ w_t ≤ b else 0                      token masking (IcePop / MIS)
+    mis      c_t = 1 if a ≤ w_t ≤ b else 0                      token masking (IcePop-style, see below)
     seq_tis  c_t = min(Π_s w_s, C) = exp(min(Σ_s d_s, log C))   for every token t of the response
 
 with C = ``cap``, a = ``mis_low``, b = ``mis_high``; the product runs over the response's valid
@@ -55,10 +55,16 @@ Sources (restated, not copied):
   π_train/π_infer lies outside [α, β] are excluded from the gradient (confirmed from the blog's
   summary in a later Ring post). Not confirmed here: IcePop's default α, β, and whether its
   normaliser drops the masked tokens. ``mis_low = 0.5``, ``mis_high = 2`` are this project's
-  defaults.
+  defaults. **Caveat to "IcePop-style":** ``mis`` only masks; inside the band the token's weight is
+  1, not its ratio. TRL's token masking (``GRPOTrainer``, ``vllm_importance_sampling_mode``
+  ``token_mask``) multiplies each kept token's loss by the ratio w_t itself and zeroes it outside
+  its band (``vllm_importance_sampling_clip_min/max``; older versions only above
+  ``vllm_importance_sampling_cap``), so on the same band the two drop the same tokens but weigh
+  the kept ones differently (by the factor w_t ∈ [a, b]; tests/algorithms/test_algorithm_docs.py).
+  Use ``tis`` for a ratio weight.
 
 Metrics (:func:`mismatch_metrics`), over the valid tokens, overall and per probability bucket of
-p = exp(logπ_old) (the trainer's probability; :mod:`arlopti.analysis.buckets`)::
+p = exp(logπ_old) (the trainer's probability; :mod:`arlopti.algorithms.buckets`)::
 
     abs_diff_mean        mean |d_t|
     abs_diff_max         max  |d_t|
@@ -84,11 +90,11 @@ import torch
 from torch import Tensor
 
 from arlopti.algorithms.registry import ROLLOUT_CORRECTIONS
-from arlopti.analysis.buckets import BUCKET_NAMES, bucket_index
+from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index
 from arlopti.config import ConfigError
 
 #: Metric names of :func:`mismatch_metrics`, each overall (``mismatch/<name>``) and per bucket
-#: (``mismatch/<name>/<b>``, ``<b>`` in :data:`arlopti.analysis.buckets.BUCKET_NAMES`).
+#: (``mismatch/<name>/<b>``, ``<b>`` in :data:`arlopti.algorithms.buckets.BUCKET_NAMES`).
 METRIC_NAMES = ("abs_diff_mean", "abs_diff_max", "k3_kl", "ratio_outside_frac", "tokens")
 PREFIX = "mismatch"
 RATIO_BAND = (0.5, 2.0)  # ratio_outside_frac counts w outside this closed band
@@ -191,7 +197,7 @@ def mismatch_metrics(old_log_probs: Tensor, engine_log_probs: Tensor,
     """The mismatch statistics over the valid tokens, overall and per bucket of p = exp(logπ_old).
 
     Keys: ``mismatch/<name>`` and ``mismatch/<name>/<b>`` for every ``<name>`` of
-    :data:`METRIC_NAMES` and bucket ``<b>`` of :data:`arlopti.analysis.buckets.BUCKET_NAMES`
+    :data:`METRIC_NAMES` and bucket ``<b>`` of :data:`arlopti.algorithms.buckets.BUCKET_NAMES`
     (b0 = p ≤ .25, …, b3 = p > .75; the diagnostics' naming, ``diag/<metric>/<b>``). Formulas and
     the KL direction: module docstring. Means of an empty set are NaN, ``tokens`` is then 0.
     Computed in float64. Raises ``ValueError`` for shapes that differ, or for ``exp(logπ_old)``

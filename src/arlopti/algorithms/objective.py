@@ -121,10 +121,10 @@ def effective_weights(advantages: Tensor, token_weight: Tensor | None, base_adva
     method's advantage weight and keep mask times the rollout correction's weight (``token_weight``).
     Per-token clip bounds (Archer) and penalties (KL-Cov) act only off ratio 1 and are not in it.
     Over the phase's tokens with A_base ≠ 0: ``effective_weight/<b>`` the mean m_t in bucket ``<b>``
-    (:data:`arlopti.analysis.buckets.BUCKET_NAMES`) and ``effective_weight_tokens/<b>`` their count
+    (:data:`arlopti.algorithms.buckets.BUCKET_NAMES`) and ``effective_weight_tokens/<b>`` their count
     (the learner weighs the means by it). Over the two Lopti phases each token counts once.
     """
-    from arlopti.analysis.buckets import BUCKET_NAMES, bucket_index
+    from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index
 
     with torch.no_grad():
         c = advantages.detach().float() if token_weight is None else (advantages * token_weight).detach().float()

@@ -2,7 +2,14 @@
 
 Every loss maps ``(logπ_θ, logπ_old, A, response_mask, ε_low, ε_high, dual_clip)`` to an
 unreduced per-token loss ``[B, T]``, reduced afterwards by :mod:`.aggregation`. With
-ρ_t = exp(logπ_θ,t − logπ_old,t) (log-ratio clamped to [−20, 20], for numerical safety only):
+ρ_t = exp(logπ_θ,t − logπ_old,t), the log-ratio clamped to [−20, 20]. The clamp is a guard against
+overflow, but it **changes values** where a token's |logπ_θ − logπ_old| > 20, i.e. ρ > e^20 ≈ 4.85e8
+or ρ < e^−20 ≈ 2.06e−9: there ρ is held at the bound and the token gets no gradient through it.
+verl's ``compute_policy_loss_vanilla`` clamps its PPO log-ratio the same way; its
+``compute_policy_loss_gspo`` does not clamp tokens (only log s_i,t above at 10). Under ``gspo``
+ours acts on each token *before* the sequence mean, so one extreme token moves s_i:
+token log-ratios [25, −10] give s_i = e^((20 − 10)/2) = e^5 ≈ 148.4 here and e^7.5 ≈ 1808 in verl
+(tests/algorithms/test_algorithm_docs.py).
 
 ``ppo_clip`` (the official code's loss, the default)::
 

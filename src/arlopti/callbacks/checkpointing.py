@@ -4,11 +4,16 @@
 
 * ``last.ckpt`` every ``every_n_steps`` rollout steps (Lightning's ``global_step`` counts
   optimizer steps, which Lopti doubles, so it is not used), at the end of training, and when
-  the process receives one of ``signals`` (``SIGTERM``, ``SIGUSR1``: preemption). A signal only
-  sets a flag; the step in progress finishes, then every rank saves and training stops
-  cleanly (exit status 0), leaving ``PREEMPTED`` (a JSON note: step, signal) beside the
-  checkpoint for a job script to requeue on; a run that ends normally removes it. A second
-  signal kills the process at once.
+  the process receives one of ``signals`` (``SIGTERM``, ``SIGUSR1``: preemption; ``SIGINT``:
+  Ctrl-C). A signal only sets a flag; the step in progress finishes, then every rank saves and
+  training stops cleanly (exit status 0), logging how to resume and leaving ``PREEMPTED`` (a
+  JSON note: step, signal) beside the checkpoint for a job script to requeue on; a run that ends
+  normally removes it. A second signal kills the process at once (a second Ctrl-C too).
+
+The checkpoint folder is checked to be writable at start-up (:meth:`RolloutCheckpoint.check_writable`,
+called by ``arlopti.train.build`` and again in ``setup``), not at the first save after the training
+work. A resumed checkpoint's weights are checked to be finite as it is loaded, before any callback
+or step uses them; the error names the first bad tensor (:meth:`RolloutCheckpoint.on_load_checkpoint`).
 * ``step=NNNNNN-<monitor>=<value>.ckpt``: the ``save_top_k`` best checkpoints by ``monitor``
   (a key of ``trainer.callback_metrics`` such as ``val/kk/mean/greedy/acc``, published by the
   eval callback), checked whenever that metric has a new value. ``monitor: null``: none.
@@ -68,7 +73,7 @@ class RolloutCheckpoint(Checkpoint):
 
     def __init__(self, dirpath: str, every_n_steps: int | None = 10, save_last: bool = True,
                  monitor: str | None = None, mode: str = "max", save_top_k: int = 1,
-                 signals: Iterable[str] = ("SIGTERM", "SIGUSR1"), save_on_train_end: bool = True):
+                 signals: Iterable[str] = ("SIGTERM", "SIGUSR1", "SIGINT"), save_on_train_end: bool = True):
         if mode not in ("max", "min"):
             raise ValueError(f"callbacks.model_checkpoint.mode={mode!r}: use 'max' or 'min'")
         if every_n_steps is not None and every_n_steps < 1:
@@ -98,6 +103,42 @@ class RolloutCheckpoint(Checkpoint):
         if state.get("monitor") == self.monitor:
             self.best = [(float(s), str(p)) for s, p in state.get("best", [])]
         self.last_saved_step = int(state.get("last_saved_step", -1))
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Refuse a checkpoint with NaN/inf weights before anything uses them, naming the first bad
+        tensor (a single file: its ``state_dict``; a distributed folder: the weights just loaded)."""
+        from arlopti.resume import first_nonfinite
+
+        state = checkpoint.get("state_dict")
+        found = first_nonfinite(state.items() if state else pl_module.state_dict().items())
+        bad_somewhere = found is not None
+        if trainer.world_size > 1:  # each rank holds its own shards: every rank stops, none waits in a collective
+            flag = torch.tensor(float(bad_somewhere), device=trainer.strategy.root_device)
+            bad_somewhere = float(trainer.strategy.reduce(flag, reduce_op="max")) > 0
+        if bad_somewhere:
+            what = (f"first bad tensor {found[0]!r} ({found[1]} of {found[2]} values NaN/inf)" if found is not None
+                    else "another rank's shard holds NaN/inf (its error names the tensor)")
+            raise CheckpointError(f"the checkpoint being resumed holds non-finite weights: {what}; the run diverged "
+                                  "or the file is corrupt. Resume from an earlier checkpoint (e.g. last.ckpt.old or a "
+                                  "top-k file).")
+
+    # ---- start-up -----------------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """Create ``dirpath`` and write and remove a probe file there; an error naming the folder
+        (``callbacks.model_checkpoint.dirpath``) if that fails."""
+        probe = self.dirpath / f".write-test-{os.getpid()}"
+        try:
+            self.dirpath.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            raise CheckpointError(f"callbacks.model_checkpoint.dirpath={self.dirpath} is not a writable folder "
+                                  f"({type(err).__name__}: {err.strerror or err}); checkpoints could not be saved. "
+                                  "Point it (or paths.output_dir) at a writable place.") from None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self.check_writable()
 
     # ---- signals ------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
@@ -147,6 +188,8 @@ class RolloutCheckpoint(Checkpoint):
             if trainer.is_global_zero:
                 name = signal.Signals(self._received).name if self._received is not None else "another rank's signal"
                 (self.dirpath / PREEMPTED).write_text(json.dumps({"rollout_step": step, "signal": name}) + "\n")
+                log.warning("stopped by %s after rollout step %d. Resume with the same command plus "
+                            "ckpt_path=%s (or ckpt_path=last)", name, step, self.dirpath / LAST)
             return
         self._maybe_top_k(trainer, step)  # first, so that last.ckpt records the updated ranking
         # The final save happens here, on the last batch, not in on_train_end: by then Lightning's
@@ -230,7 +273,9 @@ def save_atomic(trainer: L.Trainer, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         _remove(tmp)
     trainer.strategy.barrier("arlopti_ckpt_prepare")
-    trainer.save_checkpoint(tmp)  # ends with a barrier
+    # weights_only=False: the full state (optimizer, loops, callbacks), said explicitly so that
+    # Lightning does not log its 'weights_only was not set' line at every save. Ends with a barrier.
+    trainer.save_checkpoint(tmp, weights_only=False)
     error = None
     if trainer.is_global_zero:
         try:

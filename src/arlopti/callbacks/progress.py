@@ -8,7 +8,10 @@
 * :class:`StepLine`: every ``every_n_steps`` rollout steps, one line through the
   ``arlopti.progress`` logger, so in Hydra's console handler and in ``train.log``: what a SLURM
   log shows without a TTY. Its fields are :data:`LINE_FIELDS` then ``tok/s``, the step time and
-  the ETA (:func:`eta_seconds`).
+  the ETA (:func:`eta_seconds`) on a terminal at least :data:`LONG_LINE_COLUMNS` wide
+  (:func:`format_line`), else the 80-column form (:func:`format_compact`: no TTY, a narrow terminal;
+  ``+callbacks.step_line.style=compact|long`` forces one). Both show the failed reward calls'
+  fraction (``reward_err`` / ``err``) whenever it is not zero.
 
 Both read the module's ``rollout_step``, ``total_rollout_steps`` and ``last_step_context.metrics``
 (:class:`arlopti.learner.module.GRPOModule`).
@@ -79,10 +82,17 @@ def clip_fraction(metrics: dict[str, float]) -> float | None:
     return float(sum(parts)) if parts else None
 
 
+def reward_error_fraction(metrics: dict[str, float]) -> float:
+    """Responses whose reward function failed this step: ``reward/error + reward/timeout`` (task=custom's
+    components; 0 when not logged)."""
+    return float(sum(float(metrics.get(k) or 0.0) for k in ("reward/error", "reward/timeout")))
+
+
 def format_line(step: int, total: float, metrics: dict[str, float], step_s: float | None,
                 eta_s: float | None) -> str:
     """``step 3/10 | reward -1.250 | acc 0.125 | kl 1.00e-03 | ent 1.234 | clip 0.010 | len 85 |
-    tok/s 312 | 4.1 s/step | ETA 0:00:29`` (fields without a value are left out)."""
+    tok/s 312 | 4.1 s/step | ETA 0:00:29`` (fields without a value are left out; ``reward_err``
+    after ``reward`` when some reward call failed, :func:`reward_error_fraction`)."""
     values = dict(metrics)
     clip = clip_fraction(metrics)
     if clip is not None:
@@ -91,12 +101,46 @@ def format_line(step: int, total: float, metrics: dict[str, float], step_s: floa
     for label, tag, fmt in LINE_FIELDS:
         if tag in values and values[tag] is not None:
             parts.append(f"{label} {fmt.format(float(values[tag]))}")
+        if tag == "reward/mean" and reward_error_fraction(values) > 0:
+            parts.append(f"reward_err {reward_error_fraction(values):.3f}")
     if "timing/tokens_per_s" in values:
         parts.append(f"tok/s {float(values['timing/tokens_per_s']):.0f}")
     if step_s is not None:
         parts.append(f"{step_s:.1f} s/step")
     parts.append(f"ETA {format_duration(eta_s)}")
     return " | ".join(parts)
+
+
+#: (label, metric tag, format) of the compact line (:func:`format_compact`).
+COMPACT_FIELDS = (("rew", "reward/mean", "{:.3f}"), ("acc", "reward/accuracy", "{:.3f}"),
+                  ("kl", "update/kl", "{:.1e}"), ("len", "rollout/response_len_mean", "{:.0f}"))
+#: Terminal columns from which the long line is used (Hydra's console prefix takes about 50).
+LONG_LINE_COLUMNS = 160
+
+
+def format_compact(step: int, total: float, metrics: dict[str, float], step_s: float | None,
+                   eta_s: float | None) -> str:
+    """The line for an 80-column terminal or a log file: ``step 3/10 rew -1.250 acc 0.125
+    kl 1.0e-03 len 85 ETA 0:00:29`` (``err`` after ``rew`` when some reward call failed; entropy,
+    clip, tok/s and the step time only in the long form, and in the loggers). At most 80
+    characters for up to 9,999 steps, |reward| < 10 and an ETA under a day."""
+    parts = [f"step {step}/{int(total) if math.isfinite(total) else '?'}"]
+    for label, tag, fmt in COMPACT_FIELDS:
+        if metrics.get(tag) is not None:
+            parts.append(f"{label} {fmt.format(float(metrics[tag]))}")
+        if tag == "reward/mean" and reward_error_fraction(metrics) > 0:
+            parts.append(f"err {reward_error_fraction(metrics):.2f}")
+    parts.append(f"ETA {format_duration(eta_s)}")
+    return " ".join(parts)
+
+
+def line_style(columns: int | None = None) -> str:
+    """``long`` on a terminal at least :data:`LONG_LINE_COLUMNS` wide, else ``compact`` (no TTY:
+    ``shutil.get_terminal_size``'s fallback, ``$COLUMNS`` or 80)."""
+    import shutil
+
+    columns = columns if columns is not None else shutil.get_terminal_size((80, 24)).columns
+    return "long" if columns >= LONG_LINE_COLUMNS else "compact"
 
 
 def _planned(trainer, pl_module) -> float:
@@ -108,10 +152,13 @@ class StepLine(Callback):
     """One compact line per ``every_n_steps`` rollout steps (rank 0), through the
     ``arlopti.progress`` logger: console and ``train.log`` (see the module docstring)."""
 
-    def __init__(self, every_n_steps: int = 1):
+    def __init__(self, every_n_steps: int = 1, style: str = "auto"):
         if not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"callbacks.step_line.every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        if style not in ("auto", "compact", "long"):
+            raise ValueError(f"callbacks.step_line.style={style!r}: use auto, compact or long")
         self.every_n_steps = every_n_steps
+        self.style = style
         self._t0: float | None = None
         self._start_step = 0
         self._last_t: float | None = None
@@ -129,8 +176,8 @@ class StepLine(Callback):
         total = _planned(trainer, pl_module)
         step_s = (now - self._last_t) / self.every_n_steps if self._last_t is not None else None
         self._last_t = now
-        log.info(format_line(step, total, ctx.metrics, step_s, eta_seconds(step, total, self._start_step,
-                                                                           now - self._t0)))
+        fmt = format_line if (self.style if self.style != "auto" else line_style()) == "long" else format_compact
+        log.info(fmt(step, total, ctx.metrics, step_s, eta_seconds(step, total, self._start_step, now - self._t0)))
 
 
 class RolloutProgressBar(RichProgressBar):

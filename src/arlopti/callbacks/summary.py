@@ -4,8 +4,10 @@ It records the learner's per-step metrics (``GRPOModule.last_step_context``) and
 validation results the eval callback published (``pl_module.eval_results``), then prints:
 rollout steps run; mean reward, accuracy and format rate at the first and the last step
 (mean of the first/last ``window`` steps); validation accuracy per set at the first and last
-evaluation; and where the TensorBoard logs are. The same numbers land in
-``<output_dir>/summary.json`` so a script (or a test) can read them.
+evaluation; the fraction of failed reward calls (``reward_err``) when it is not zero; and, for
+each logger the run actually used, where its files are and the command that opens them
+(:func:`logger_hints`), printed as plain lines so that no path is ever wrapped. The same numbers
+land in ``<output_dir>/summary.json`` so a script (or a test) can read them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from lightning.pytorch.utilities import rank_zero_only
 class TrainingSummary(L.Callback):
     KEYS = ("reward/mean", "reward/accuracy", "reward/format_ok", "rollout/response_len_mean",
             "rollout/truncated_frac")
+    #: Shown only when not zero (a custom reward's failed calls).
+    ERROR_KEYS = ("reward/error", "reward/timeout")
 
     def __init__(self, tensorboard_dir: str | None = None, window: int = 1, out_file: str | None = None):
         self.tensorboard_dir = tensorboard_dir
@@ -30,7 +34,8 @@ class TrainingSummary(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         ctx = getattr(pl_module, "last_step_context", None)
         if ctx is not None:
-            self.history.append({k: ctx.metrics[k] for k in self.KEYS if k in ctx.metrics})
+            self.history.append({k: float(ctx.metrics[k]) for k in self.KEYS + self.ERROR_KEYS
+                                 if k in ctx.metrics})
 
     def summary(self, pl_module) -> dict:
         def mean(rows):
@@ -46,7 +51,9 @@ class TrainingSummary(L.Callback):
             # a single evaluation is only the "last" one: it is not a start-vs-end comparison
             "eval_first": evals[0] if len(evals) > 1 else {},
             "eval_last": evals[-1] if evals else {},
-            "tensorboard_dir": self.tensorboard_dir,
+            # null when the run had no TensorBoard logger (the folder was never written)
+            "tensorboard_dir": self.tensorboard_dir if self.tensorboard_dir and Path(self.tensorboard_dir).is_dir()
+            else None,
         }
 
     @rank_zero_only
@@ -64,6 +71,9 @@ class TrainingSummary(L.Callback):
         for key in self.KEYS:
             if key in s["start"] or key in s["end"]:
                 table.add_row(f"train {key}", _fmt(s["start"].get(key)), _fmt(s["end"].get(key)))
+        errs = [sum(part.get(k, 0.0) for k in self.ERROR_KEYS) for part in (s["start"], s["end"])]
+        if any(errs):
+            table.add_row("train reward_err", _fmt(errs[0]), _fmt(errs[1]))
         first, last = s["eval_first"], s["eval_last"]
         if first or last:
             table.add_row("val at rollout step", _fmt_step(first.get("rollout_step")),
@@ -73,11 +83,42 @@ class TrainingSummary(L.Callback):
                 table.add_row(key, _fmt(first.get(key)), _fmt(last.get(key)))
         console = Console()
         console.print(table)
-        if self.tensorboard_dir:
-            console.print(f"TensorBoard logs: {self.tensorboard_dir}\n  tensorboard --logdir {self.tensorboard_dir}")
+        for line in logger_hints(trainer.loggers):
+            print(line, flush=True)  # plain print: rich would wrap a long path at 80 columns without a TTY
         out = self.out_file or (Path(trainer.default_root_dir) / "summary.json")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(s, indent=2))
+
+
+def logger_hints(loggers) -> list[str]:
+    """For each logger in use, where its files are and how to open them: TensorBoard's command,
+    the csv ``metrics.csv``, the wandb run folder (offline: with ``wandb sync``; online: its URL),
+    MLflow's ``mlflow ui --backend-store-uri`` for its store. Nothing for a logger that is not used."""
+    from arlopti.learner.step_logging import _kind
+
+    lines = []
+    for logger in loggers or []:
+        kind = _kind(logger)
+        if kind == "tensorboard":
+            lines.append(f"TensorBoard: tensorboard --logdir {logger.log_dir}")
+        elif kind == "csv":
+            lines.append(f"CSV: {Path(logger.log_dir) / 'metrics.csv'}")
+        elif kind == "wandb":
+            lines.append(_wandb_hint(logger))
+        elif kind == "mlflow":
+            uri = getattr(logger, "_tracking_uri", None) or ""
+            lines.append(f"MLflow: mlflow ui --backend-store-uri {uri}" if uri else "MLflow: (default tracking URI)")
+    return lines
+
+
+def _wandb_hint(logger) -> str:
+    run = getattr(logger, "_experiment", None)
+    folder = Path(run.dir).parent if run is not None and getattr(run, "dir", None) else None
+    if getattr(logger, "_offline", False):
+        return (f"wandb (offline): {folder}\n  upload: wandb sync {folder}" if folder
+                else "wandb (offline): upload with wandb sync <run dir>/wandb/offline-run-*")
+    url = getattr(run, "url", None) if run is not None else None
+    return f"wandb: {url or folder}"
 
 
 def _fmt_step(v) -> str:

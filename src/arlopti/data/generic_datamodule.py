@@ -15,7 +15,8 @@ of the run's seed, so runs with different seeds validate on the same rows), leav
 set; neither: no validation set. The validation set is named ``val_name`` (metrics
 ``val/<task>/<val_name>/greedy/...``).
 
-Columns (``prompt_key``, ``answer_key``): the prompt column holds either a string or a list of chat
+Columns (``prompt_key``, ``answer_key``; a dotted name reaches into a nested column, e.g. verl's
+``answer_key=reward_model.ground_truth``, :func:`column`): the prompt column holds either a string or a list of chat
 messages (``[{"role": ..., "content": ...}, ...]``, e.g. a ``messages`` column:
 ``data.prompt_key=messages``). With ``chat_template=true`` (default) a string becomes one user
 message and the messages are rendered by the tokenizer's chat template with the generation prompt;
@@ -83,6 +84,24 @@ def _read_hub(spec: str, key: str) -> list[tuple[str, dict[str, Any]]]:
                          f"the hub: {type(err).__name__}: {err}") from None
     where = f"hub:{name}" + (f":{config}" if config else "") + f"@{split}"
     return [(f"{where}[{i}]", dict(row)) for i, row in enumerate(ds)]
+
+
+def column(row: dict, key: str, setting: str, where: str) -> Any:
+    """``row[key]``, or for a dotted ``key`` (``reward_model.ground_truth``) the value reached through
+    nested mappings (a column literally named ``key`` wins). A missing key is a ValueError naming
+    ``where``, the key, the ``setting`` and the keys present where the walk stopped."""
+    if key in row:
+        return row[key]
+    value, path = row, []
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            here = f"the record's columns: {sorted(row)}" if not path else (
+                f"{'.'.join(path)} holds " + (f"the keys {sorted(value)}" if isinstance(value, dict)
+                                              else f"a {type(value).__name__}"))
+            raise ValueError(f"{where}: no column {key!r} ({setting}); {here}")
+        value = value[part]
+        path.append(part)
+    return value
 
 
 def _dataset_name(source: str) -> str:
@@ -194,18 +213,14 @@ class GenericPromptDataModule(PromptDataModule):
 
     def to_record(self, index: int, where: str, row: dict, split: str) -> PromptRecord:
         """One row as a :class:`PromptRecord` (module docstring); errors name ``where``."""
-        if self.prompt_key not in row:
-            raise ValueError(f"{where}: no column {self.prompt_key!r} (data.prompt_key); the record's columns: "
-                             f"{sorted(row)}")
-        if self.answer_key is not None and self.answer_key not in row:
-            raise ValueError(f"{where}: no column {self.answer_key!r} (data.answer_key; null for none); the "
-                             f"record's columns: {sorted(row)}")
-        prompt = self._messages(row[self.prompt_key], where)
+        prompt = self._messages(column(row, self.prompt_key, "data.prompt_key", where), where)
+        answer = (column(row, self.answer_key, "data.answer_key; null for none", where)
+                  if self.answer_key is not None else None)
         meta = {k: v for k, v in row.items() if k not in (self.prompt_key, self.answer_key)}
         dataset = self.dataset_name if split == "train" or self.val_file is None else _dataset_name(self.val_file)
         meta.update(dataset=dataset, split=split, index=index)
         common = dict(uid=f"{self.task_name}/{dataset}/{split}/{index}", task=self.task_name,
-                      ground_truth=row[self.answer_key] if self.answer_key is not None else None,
+                      ground_truth=answer,
                       assistant_prefix=self.assistant_prefix, meta=meta)
         if not self.chat_template:
             if not isinstance(prompt, str):

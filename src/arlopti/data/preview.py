@@ -30,7 +30,7 @@ from typing import Any, Iterator
 SPLITS = ("train", "val", "all")
 # The sampler's complaint about a training set smaller than one step: the prompts are still worth
 # showing (e.g. every prompt over max_prompt_length), so preview warns instead of failing.
-_TOO_FEW = "fewer than data.prompts_per_step"
+_TOO_FEW = "fewer than data.prompts_per_step"  # training would stop, but preview shows what is left
 
 
 def default_config_dir() -> Path:
@@ -70,6 +70,7 @@ def build_datamodule(cfg):
     from omegaconf import OmegaConf
 
     from arlopti.config import ModelConfig, from_dict
+    from arlopti.data.prompt_datamodule import VAL_ALL_TOO_LONG
     from arlopti.models import load_tokenizer
 
     model = from_dict(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
@@ -78,7 +79,7 @@ def build_datamodule(cfg):
     try:
         datamodule.setup("fit")
     except ValueError as err:
-        if _TOO_FEW not in str(err):
+        if _TOO_FEW not in str(err) and VAL_ALL_TOO_LONG not in str(err):
             raise
         print(f"preview: warning: training would stop here: {err}", file=sys.stderr)
     return tokenizer, datamodule

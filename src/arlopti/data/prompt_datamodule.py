@@ -25,7 +25,8 @@ This base class then
   (the main sampler alone does), so an epoch still visits every prompt once as a main prompt,
   and a prompt may come back later as an extra one (sampling with replacement across steps).
 
-Validation/benchmark sets are exposed as ``self.val_sets: dict[name, list[PromptSample]]``;
+A validation set that the length filter empties is an error naming it, as an empty validation
+file is. Validation/benchmark sets are exposed as ``self.val_sets: dict[name, list[PromptSample]]``;
 they are scored by the benchmark-eval callback through the rollout engine, not by
 Lightning's validation loop.
 """
@@ -207,6 +208,10 @@ class ResumableBatchSampler(Sampler):
         self.epoch, self.consumed = int(state["epoch"]), int(state["consumed"])
 
 
+#: In the error for a validation set whose every prompt is over the length limit (data.preview reports it).
+VAL_ALL_TOO_LONG = "is longer than the validation prompt-length limit"
+
+
 class PromptDataModule(L.LightningDataModule):
     """Base class; see the module docstring. Subclasses implement the two ``*_records`` methods."""
 
@@ -253,13 +258,15 @@ class PromptDataModule(L.LightningDataModule):
             self.train_records(), self.tokenizer, self.max_prompt_length, f"{self.task_name}/train")
         self.filtered_counts["train"] = dropped
         val_limit = self.val_max_prompt_length or self.max_prompt_length
+        emptied = []
         for name, records in self.val_records().items():
             self.val_sets[name], self.filtered_counts[name] = tokenize_records(
                 records, self.tokenizer, val_limit, f"{self.task_name}/{name}")
-            if not self.val_sets[name]:  # never leave a configured set out of val/<task>/mean silently
-                log.warning("validation set %s (%s): no prompts left (%d read, all longer than the validation "
-                            "prompt-length limit %d): it is left out of val/%s/mean", name, self.task_name,
-                            len(records), val_limit, self.task_name)
+            if not self.val_sets[name]:
+                emptied.append(f"validation set {name} ({self.task_name}): every one of its {len(records)} prompts "
+                               f"{VAL_ALL_TOO_LONG} {val_limit} ("
+                               + ("data.val_max_prompt_length" if self.val_max_prompt_length else
+                                  "data.max_prompt_length") + ")")
         world, rank = 1, 0
         if getattr(self, "trainer", None) is not None:
             world, rank = self.trainer.world_size, self.trainer.global_rank
@@ -268,6 +275,8 @@ class PromptDataModule(L.LightningDataModule):
         if self._pending_state is not None:
             self._sampler.load_state_dict(self._pending_state)
             self._pending_state = None
+        if emptied:  # as an empty validation file: an error, never a silent gap in val/<task>/mean
+            raise ValueError("; ".join(emptied) + "; raise that limit, or fix or remove the set")
 
     def train_dataloader(self) -> DataLoader:
         assert self._sampler is not None, "setup() first"

@@ -3,7 +3,10 @@
 ``A.json`` and ``B.json`` are ``eval_results.json`` files of ``eval.py`` (their ``items``: one
 record per response, :func:`arlopti.eval.runner.attach_items`). Both must hold the same items:
 per mode, the same sets, each with the same uids and the same number of samples per item ``k``;
-anything else is an error naming the file and what differs.
+anything else is an error naming the file and what differs. Every item's fields are checked
+first (:func:`check_item`: type and range), so a file that was edited or converted by hand, e.g.
+with ``"correct": "false"``, 0.5 or null, is refused naming the file, the item and the field
+rather than counted as correct.
 
 Per mode (e.g. ``greedy``, ``sampling``), per set and overall, for B − A:
 
@@ -59,12 +62,12 @@ def load_scores(path: str | Path) -> dict[str, dict[str, dict[str, tuple[float, 
     if not items:
         raise CompareError(f"{path}: no per-item records ('items'); it was written by an older eval.py or holds no "
                            "items. Re-run eval.py to write them.")
+    if not isinstance(items, list):
+        raise CompareError(f"{path}: 'items' is a {type(items).__name__}, expected a list of item records")
     samples: dict[str, dict[str, dict[str, dict[int, bool]]]] = OrderedDict()
-    for it in items:
-        try:
-            mode, set_name, uid, j, ok = it["mode"], it["set"], str(it["uid"]), int(it["sample"]), bool(it["correct"])
-        except KeyError as err:
-            raise CompareError(f"{path}: an item lacks {err.args[0]!r}: {it}") from None
+    for index, it in enumerate(items):
+        check_item(it, index, path)
+        mode, set_name, uid, j, ok = it["mode"], it["set"], str(it["uid"]), it["sample"], it["correct"]
         per_item = samples.setdefault(mode, OrderedDict()).setdefault(set_name, OrderedDict()).setdefault(uid, {})
         if j in per_item:
             raise CompareError(f"{path}: item {uid!r} of set {set_name!r} ({mode}) has sample {j} twice")
@@ -80,6 +83,43 @@ def load_scores(path: str | Path) -> dict[str, dict[str, dict[str, tuple[float, 
                 out.setdefault(mode, OrderedDict()).setdefault(set_name, OrderedDict())[uid] = (
                     sum(by_j.values()) / k, k, int(by_j[0]))
     return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+#: An item's fields: (test, what is expected); ``reward`` and ``answer`` may be absent.
+ITEM_FIELDS = {
+    "mode": (lambda v: isinstance(v, str) and v != "", "a non-empty string (greedy, sampling, ...)"),
+    "set": (lambda v: isinstance(v, str) and v != "", "a non-empty string (the set's name)"),
+    "uid": (lambda v: (isinstance(v, str) and v != "") or _is_int(v), "a non-empty string or an integer"),
+    "sample": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (the sample's index)"),
+    "correct": (lambda v: isinstance(v, bool), "true or false (a JSON boolean)"),
+}
+OPTIONAL_FIELDS = {
+    "reward": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+               "a finite number"),
+}
+
+
+def check_item(it, index: int, path: Path) -> None:
+    """Refuse an item record whose fields are missing or of the wrong type or range
+    (:data:`ITEM_FIELDS`, :data:`OPTIONAL_FIELDS`); the error names the file, the item (its index
+    in ``items`` and its uid) and the field."""
+    if not isinstance(it, dict):
+        raise CompareError(f"{path}: item {index} is a {type(it).__name__}, expected a record (a JSON object)")
+    uid = it.get("uid")
+    where = f"{path}: item {index}" + (f" (uid {uid!r})" if uid is not None else "")
+    for name, (ok, expected) in ITEM_FIELDS.items():
+        if name not in it:
+            raise CompareError(f"{where}: field {name!r} is missing; expected {expected}")
+        if not ok(it[name]):
+            raise CompareError(f"{where}: field {name!r} is {json.dumps(it[name])}, expected {expected}. Files "
+                               "written by eval.py are valid; was this one edited or converted?")
+    for name, (ok, expected) in OPTIONAL_FIELDS.items():
+        if name in it and not ok(it[name]):
+            raise CompareError(f"{where}: field {name!r} is {json.dumps(it[name])}, expected {expected}")
 
 
 def _check_same_items(a: dict, b: dict, name_a: str, name_b: str) -> None:

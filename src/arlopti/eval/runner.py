@@ -19,7 +19,8 @@ each rank evaluates every ``world``-th prompt and ``reduce_sum`` adds the counts
 
 With ``keep_items=True`` every response is also kept as one record in ``SetResult.items``
 (:func:`item_records`): ``uid``, ``set``, ``mode``, ``sample`` (0..n-1), ``reward``, ``correct``,
-``answer`` (the task's extracted answer, :func:`extracted_answer`, or None) and ``response``.
+``answer`` (the task's extracted answer, :func:`extracted_answer`, or None), ``response`` and
+``components`` (the reward's named parts; for ``task=custom`` every extra key the reward returned).
 ``eval.py`` writes them (``eval_results.json`` and ``eval_items.jsonl.gz``) so that two evaluations
 can be compared item by item (:mod:`arlopti.eval.compare`). The records are this rank's only.
 """
@@ -88,7 +89,8 @@ def item_records(set_name: str, mode: str, samples: list[PromptSample], texts: l
     for k, (text, r) in enumerate(zip(texts, scored)):
         s = samples[k // n]
         out.append({"uid": str(s.uid), "set": set_name, "mode": mode, "sample": k % n, "reward": float(r.reward),
-                    "correct": bool(r.correct), "answer": extracted_answer(task, text), "response": text})
+                    "correct": bool(r.correct), "answer": extracted_answer(task, text), "response": text,
+                    "components": {k: float(v) for k, v in r.components.items()}})
     return out
 
 

@@ -16,7 +16,8 @@ attached to the batch) and does exactly this:
    gradients (``manual_backward``) of :func:`~arlopti.algorithms.grpo_objective` (the policy
    loss ``algorithm.policy_loss``, times the rollout correction's weight), clip by global norm,
    ``opt.step()``, scheduler step. ``ppo_epochs`` repeats the whole plan. Under
-   ``dapo.mask_truncated`` truncated responses are masked out of all of it.
+   ``dapo.mask_truncated`` truncated responses are masked out of all of it, after step 2 has
+   used their rewards in their groups' advantages.
 
 Forward passes (none wasted). The no-grad passes of step 1 run longest response first in chunks
 of ``sizes.logprob_micro_batch_size`` (:func:`~arlopti.learner.policy.fill_logprobs`) under
@@ -102,6 +103,7 @@ from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard, tensors_finite
 from arlopti.learner.optim import build_optimizer
 from arlopti.learner.microbatch import micro_batches_of
 from arlopti.learner.checkpoint_state import check_policy_keys, drop_reference_weights, learner_state, rank_rng_state
+from arlopti.learner.lora import adapters_disabled, apply_lora, check_base_identity, lora_enabled
 from arlopti.learner.policy import PolicyLM, disable_dropout, fill_logprobs
 from arlopti.learner.step_logging import write_hparams, write_step
 from arlopti.learner.step_metrics import MetricSet, add_objective_metrics, padding_metrics, rollout_metrics
@@ -160,9 +162,11 @@ class GRPOModule(L.LightningModule):
         self.total_rollout_steps = total_rollout_steps
         self.log_completions = log_completions
         self.task_options = dict(task_options or {})
-        self.policy = PolicyLM(self._load_model(cfg.model.dtype), cfg.model.logprob_impl)
+        self.lora = lora_enabled(cfg.model.lora)  # LoRA: the reference is the policy with its adapters off
+        self.policy = PolicyLM(apply_lora(self._load_model(cfg.model.dtype), cfg.model.lora,
+                                          cfg.model.gradient_checkpointing), cfg.model.logprob_impl)
         self.ref: PolicyLM | None = None
-        if cfg.algorithm.kl_coef > 0:  # β = 0 loads no reference model
+        if cfg.algorithm.kl_coef > 0 and not self.lora:  # β = 0 loads no reference model
             self.ref = PolicyLM(self._load_model(cfg.model.ref_dtype or cfg.model.dtype), cfg.model.logprob_impl)
             self.ref.requires_grad_(False)
             self.ref.eval()
@@ -263,7 +267,7 @@ class GRPOModule(L.LightningModule):
         reuse = self._reuses_first_forward()
         # 1. old and reference log-probs (no grad); the first step's rows come from its own forward
         targets = self._log_probs(exp, skip=set(order[0][1]) if reuse else set())
-        targets.adv_raw = self._advantages(exp, targets)
+        targets.adv_raw = self._advantages(sampled, targets, loss_mask=exp.response_mask)
         t_logp = time.perf_counter() - t0
         if not reuse:
             self._complete(targets, exp)
@@ -293,16 +297,20 @@ class GRPOModule(L.LightningModule):
         kl_reward = a.kl_in == "reward" and a.kl_coef > 0
         return self.reuse_old_logprobs and not (a.lopti.enabled and a.lopti.normalize == "phase") and not kl_reward
 
-    def _advantages(self, exp: Experience, t: _Targets) -> Tensor:
+    def _advantages(self, exp: Experience, t: _Targets, loss_mask: Tensor) -> Tensor:
         """Token advantages ``[B, R]`` before AR: the outcome reward on each response's last token,
         minus β·KL(logπ_old, logπ_ref) per token under ``kl_in=reward``, through the configured
-        estimator (:mod:`arlopti.algorithms.advantages`; batch statistics summed over ranks)."""
+        estimator (:mod:`arlopti.algorithms.advantages`; batch statistics summed over ranks).
+        ``exp`` is every sampled response: under ``dapo.mask_truncated`` a truncated response's
+        reward still enters its group's statistics, and only then is it zeroed by ``loss_mask``
+        (TRL's ``mask_truncated_completions`` order; docs/algorithms.md)."""
         a = self.cfg.algorithm
         rewards = outcome_token_rewards(exp.rewards, exp.response_mask)
-        if a.kl_in == "reward" and t.ref is not None:
-            rewards = rewards - a.kl_coef * kl_penalty(t.old, t.ref, a.kl_estimator) * exp.response_mask
-        return ADVANTAGE_ESTIMATORS.get(a.advantage)(rewards, exp.response_mask, exp.group_ids, eps=a.adv_eps,
-                                                     gamma=a.gamma, reduce=self._sum_over_ranks)
+        if a.kl_in == "reward" and t.ref is not None:  # logπ_old is zero on masked rows: KL only where the loss is
+            rewards = rewards - a.kl_coef * kl_penalty(t.old, t.ref, a.kl_estimator) * loss_mask
+        adv = ADVANTAGE_ESTIMATORS.get(a.advantage)(rewards, exp.response_mask, exp.group_ids, eps=a.adv_eps,
+                                                    gamma=a.gamma, reduce=self._sum_over_ranks)
+        return adv if loss_mask is exp.response_mask else adv * loss_mask
 
     def _log_probs(self, exp: Experience, skip: set[int]) -> _Targets:
         """``logπ_old`` of every row not in ``skip`` and the reference log-probs of all rows, no grad,
@@ -317,6 +325,10 @@ class GRPOModule(L.LightningModule):
         if self.ref is not None:
             ref = torch.zeros_like(mask)
             fill_logprobs(self.ref, exp, list(range(len(exp))), ref, chunk, self.temperature)
+        elif self.lora and self.cfg.algorithm.kl_coef > 0:
+            ref = torch.zeros_like(mask)
+            with adapters_disabled(self.policy):
+                fill_logprobs(self.policy, exp, list(range(len(exp))), ref, chunk, self.temperature)
         self.policy.train(was_training)
         return _Targets(old=old * mask, ref=ref, adv_raw=torch.zeros_like(mask))
 
@@ -465,6 +477,8 @@ class GRPOModule(L.LightningModule):
         """Counters and every rank's RNG states (collective when distributed: all ranks save)."""
         checkpoint["arlopti"] = learner_state(self.rollout_step, self.weight_version, self.guard.state_dict(),
                                               self.world)
+        if self.lora:  # the checkpoint holds only the adapter: name the base it belongs to
+            checkpoint["arlopti"]["lora_base"] = self.policy.hf.arlopti_base_identity
         state = checkpoint.get("state_dict", {})
         for key in [k for k in state if k.startswith("ref.")]:
             del state[key]
@@ -473,6 +487,8 @@ class GRPOModule(L.LightningModule):
         if "state_dict" in checkpoint:  # single-file checkpoints; FSDP2 folders are checked by the DCP loader
             check_policy_keys(checkpoint["state_dict"], self.policy)
         extra = checkpoint.get("arlopti", {})
+        if self.lora:
+            check_base_identity(extra.get("lora_base"), self.policy.hf.arlopti_base_identity, "resume")
         self.rollout_step = int(extra.get("rollout_step", 0))
         self.weight_version = int(extra.get("weight_version", 0)) + 1  # force an engine sync
         self.guard.load_state_dict(extra)

@@ -107,19 +107,43 @@ def write_config(loggers, config_yaml: str) -> None:
 HPARAM_METRICS = ("reward/mean", "reward/accuracy", "update/kl", "update/entropy", "rollout/response_len_mean")
 
 
+#: The attribute :class:`arlopti.callbacks.run_config.ConfigToLoggers` sets on each logger: the run's
+#: ``{"seed", "task_name"}``.
+IDENTITY_ATTR = "_arlopti_run_identity"
+
+
+def hparams_first(config: dict, identity: dict | None = None) -> dict:
+    """The columns that tell runs apart, first: ``algorithm`` (grpo / ar / lopti / ar_lopti),
+    ``estimator``, ``loss`` (policy loss / aggregation), ``token_method``, ``alpha``, ``eta`` (0 without
+    Lopti), then ``seed`` and ``task_name`` when known (``identity``); then the run config, flattened."""
+    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict, _sanitize_params
+
+    algo = dict(config.get("algorithm") or {})
+    lopti = dict(algo.get("lopti") or {})
+    alpha = float(algo.get("ar_alpha") or 0.0)
+    first = {"algorithm": "_".join((["ar"] if alpha > 0 else []) + (["lopti"] if lopti.get("enabled") else []))
+             or "grpo",
+             "estimator": algo.get("advantage"), "loss": f"{algo.get('policy_loss')} / {algo.get('loss_agg')}",
+             "token_method": (algo.get("token_method") or {}).get("name"), "alpha": alpha,
+             "eta": float(lopti.get("eta") or 0.0) if lopti.get("enabled") else 0.0}
+    first.update({k: v for k, v in (identity or {}).items() if k in ("seed", "task_name")})
+    first = {k: v for k, v in first.items() if v is not None}
+    return {**first, **_sanitize_params(_flatten_dict(_convert_params(config)))}
+
+
 def write_hparams(loggers, config: dict, last_metrics: dict[str, float], callback_metrics, step: int) -> None:
-    """TensorBoard's HPARAMS tab: the run config beside its final metrics.
+    """TensorBoard's HPARAMS tab: the run config beside its final metrics, the columns that tell
+    runs apart first (:func:`hparams_first`).
 
     Only the hparams summary is written: the metric values shown are the last points of the
     scalar series of the same tags (``reward/mean``, ``val/...``), which the learner and the eval
     callback already logged, so no scalar is written twice. Other loggers get the config alone."""
     from lightning.fabric.loggers.tensorboard import _TENSORBOARD_AVAILABLE
-    from lightning.fabric.utilities.logger import _convert_params, _flatten_dict, _sanitize_params
 
     final = {k: v for k, v in last_metrics.items() if k.startswith(HPARAM_METRICS)}
     final.update({k: float(v) for k, v in callback_metrics.items() if k.startswith("val/")})
-    params = _sanitize_params(_flatten_dict(_convert_params(config)))
     for logger in loggers:
+        params = hparams_first(config, getattr(logger, IDENTITY_ATTR, None))
         writer = getattr(logger, "experiment", None)
         if _TENSORBOARD_AVAILABLE and hasattr(writer, "_get_file_writer"):
             from torch.utils.tensorboard.summary import hparams
@@ -128,4 +152,4 @@ def write_hparams(loggers, config: dict, last_metrics: dict[str, float], callbac
             for summary in hparams(params, final):
                 file_writer.add_summary(summary, step)
         else:
-            logger.log_hyperparams(config)
+            logger.log_hyperparams({**(getattr(logger, IDENTITY_ATTR, None) or {}), **config})

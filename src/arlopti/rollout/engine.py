@@ -74,6 +74,12 @@ class RolloutEngine(ABC):
     def _load_weights(self, policy) -> None:  # HF engine: nothing to copy
         return None
 
+    def wake_and_sync(self, policy, version: int) -> bool:
+        """:meth:`wake`, then :meth:`sync_weights`; returns whether a sync happened. The vLLM engine
+        wakes in stages instead (its weights, the sync, its KV cache)."""
+        self.wake()
+        return self.sync_weights(policy, version)
+
     def sleep(self) -> None:
         """Release accelerator memory during the update (vLLM sleep mode)."""
 

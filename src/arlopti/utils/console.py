@@ -51,6 +51,26 @@ class CurrentStdout:
         sys.stdout.flush()
 
 
+#: Loggers whose records the console prints bare (no ``[time][name][LEVEL] - `` prefix of about
+#: 50 characters): the step line, so that its compact form fits an 80-column terminal. ``train.log``
+#: keeps the full prefix.
+BARE_CONSOLE_LOGGERS = ("arlopti.progress",)
+
+
+class BareStepLines(logging.Formatter):
+    """The console's formatter: records of :data:`BARE_CONSOLE_LOGGERS` as their message alone,
+    every other record through the formatter the handler had (Hydra's)."""
+
+    def __init__(self, inner: logging.Formatter | None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name in BARE_CONSOLE_LOGGERS:
+            return record.getMessage()
+        return self.inner.format(record)
+
+
 class DropAdverts(logging.Filter):
     """Drops a record whose message starts with one of :data:`ADVERT_PREFIXES`."""
 
@@ -61,13 +81,16 @@ class DropAdverts(logging.Filter):
 def route_lightning_logs() -> None:
     """Print each Lightning log record once: when the root logger has handlers (Hydra's console
     and ``train.log``), remove Lightning's own stream handlers and let its records propagate; in
-    any case drop its adverts. Also points the root's stdout handler at :class:`CurrentStdout`.
+    any case drop its adverts. Also points the root's stdout handler at :class:`CurrentStdout`
+    and prints step lines there without Hydra's prefix (:class:`BareStepLines`).
     Idempotent."""
     root = logging.getLogger()
     root_has_handlers = bool(root.handlers)
     for h in root.handlers:  # Hydra's console handler follows sys.stdout (the progress bar's proxy)
         if type(h) is logging.StreamHandler and h.stream in (sys.stdout, sys.__stdout__):
             h.setStream(CurrentStdout())
+            if not isinstance(h.formatter, BareStepLines):
+                h.setFormatter(BareStepLines(h.formatter))
     for name in _LIGHTNING_LOGGERS:
         lg = logging.getLogger(name)
         if root_has_handlers:

@@ -1,0 +1,163 @@
+"""LoRA (r=16, all-linear) against full-parameter training on SmolLM2-135M-Instruct (CPU, fp32).
+
+    flock /tmp/arlopti-cpu.lock python benchmarks/bench_lora.py [--repeats 5] [--skip-vllm]
+
+Learner (one fresh process per sample, the two configurations alternating, ``--repeats`` each):
+the real ``GRPOModule`` is built (so the full-parameter run loads its frozen reference model
+and the LoRA run does not: its reference is the policy with the adapters off), then on the same
+batch (``--batch`` responses of ``--tokens`` tokens after a 32-token prompt) it runs one warm-up
+and one timed step of: old log-probs + reference log-probs (no grad) and one update (forward,
+backward, clip, ``AdamW.step()`` of the trainable parameters). Reported: the growth of the
+process's peak RSS over its start (model, reference, gradients, Adam moments and activations
+included), time per update, time per step (log-prob passes + update).
+
+vLLM (``rollout=vllm`` on CPU; one process per engine kind, alternating plain/adapter twice):
+sync time of a full-parameter policy and of a LoRA policy in ``merged`` mode into a plain engine,
+and of ``adapter`` mode into a LoRA-enabled engine (medians of ``--repeats`` syncs per process);
+decoding tokens/s of the plain engine against the LoRA-serving one (``min_tokens`` forces equal
+lengths). Writes ``benchmarks/out/bench_lora.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from _common import format_table, interleaved_order, machine_info, max_rss_bytes, run_isolated, write_json
+
+MODEL = "smollm2-135m-instruct"
+
+
+def learner_sample(lora_r: int, batch: int, tokens: int, threads: int = 2) -> dict:
+    """One process: build the learner, then a warm-up and a timed step (see the module docstring)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from arlopti.config import AlgorithmConfig, LoraConfig, ModelConfig, OptimConfig, RunConfig
+    from arlopti.learner.lora import adapters_disabled
+    from arlopti.learner.module import GRPOModule
+    from arlopti.learner.optim import build_optimizer
+    from arlopti.models import load_tokenizer
+
+    tok = load_tokenizer(MODEL)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, len(tok), (batch, 32 + tokens), generator=g)
+    mask = torch.ones_like(ids)
+    adv = torch.randn(batch, tokens, generator=g)
+    rss0 = max_rss_bytes()
+    cfg = RunConfig(algorithm=AlgorithmConfig(kl_coef=0.001), optim=OptimConfig(),
+                    model=ModelConfig(name_or_path=MODEL, lora=LoraConfig(r=lora_r)))
+    module = GRPOModule(cfg, tokenizer=tok)
+    policy = module.policy
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    opt, _ = build_optimizer(trainable, cfg.optim)
+
+    def step() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            policy.eval()
+            old, _ = policy(ids, mask, 32, 1.0, with_entropy=False)
+            if module.ref is not None:
+                module.ref(ids, mask, 32, 1.0, with_entropy=False)
+            else:
+                with adapters_disabled(policy):
+                    policy(ids, mask, 32, 1.0, with_entropy=False)
+        t1 = time.perf_counter()
+        policy.train()
+        opt.zero_grad(set_to_none=True)
+        lp, _ = policy(ids, mask, 32, 1.0, with_entropy=True)
+        (-(torch.exp(lp - old) * adv).mean()).backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        t2 = time.perf_counter()
+        return t2 - t1, t2 - t0
+
+    step()
+    update_s, step_s = step()
+    return {"peak_rss_mb": (max_rss_bytes() - rss0) / 2**20, "update_s": update_s, "step_s": step_s,
+            "trainable": sum(p.numel() for p in trainable), "has_ref_copy": module.ref is not None}
+
+
+def vllm_sample(kind: str, repeats: int, threads: int = 2) -> dict:
+    """One process, one engine: ``plain`` (full and merged syncs alternating, decode speed) or
+    ``adapter`` (adapter syncs, decode speed with the LoRA request)."""
+    import copy
+
+    import torch
+
+    torch.set_num_threads(threads)
+    from arlopti.config import LoraConfig, RolloutConfig
+    from arlopti.learner.lora import apply_lora
+    from arlopti.learner.policy import PolicyLM
+    from arlopti.models import load_causal_lm, load_tokenizer
+    from arlopti.rollout.engine import SamplingConfig
+    from arlopti.rollout.vllm import VLLMEngine
+
+    tok = load_tokenizer(MODEL)
+    base = load_causal_lm(MODEL, tok)
+    full = PolicyLM(copy.deepcopy(base))
+    lora = PolicyLM(apply_lora(base, LoraConfig(r=16)))
+    with torch.no_grad():  # a trained-looking adapter (B = 0 would make merged == base)
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 1e-3, generator=torch.Generator().manual_seed(1))
+    cfg = RolloutConfig(backend="vllm", max_new_tokens=64, max_model_len=512, sync_bucket_mb=256,
+                        lora_sync="adapter" if kind == "adapter" else "merged")
+    engine = VLLMEngine.from_policy(lora if kind == "adapter" else full, tok, cfg)
+    versions = iter(range(10, 10_000))
+    policies = {"adapter": lora} if kind == "adapter" else {"full": full, "merged": lora}
+    syncs: dict[str, list[float]] = {k: [] for k in policies}
+    for name in interleaved_order(list(policies), repeats):
+        engine.sync_weights(policies[name], next(versions))
+        syncs[name].append(engine.stats.last_sync_seconds)
+    engine.extra_sampling_kwargs = {"min_tokens": 64}
+    prompts = [tok(f"Question {i}: what is {i} plus {i}?")["input_ids"] for i in range(8)]
+    tps = []
+    for r in range(repeats):
+        t0 = time.perf_counter()
+        comps = engine.generate(prompts, 4, SamplingConfig(temperature=1.0, max_new_tokens=64, seed=r))
+        n_tok = sum(len(c.token_ids) for cs in comps for c in cs)
+        tps.append(n_tok / (time.perf_counter() - t0))
+    engine.close()
+    return {"sync_s": syncs, "tokens_per_s": tps}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--skip-vllm", action="store_true")
+    args = ap.parse_args()
+    out: dict = {"machine": machine_info(), "args": vars(args)}
+    samples: dict[str, list[dict]] = {"full": [], "lora_r16": []}
+    for name in interleaved_order(list(samples), args.repeats):
+        samples[name].append(run_isolated(__file__, "learner_sample", {
+            "lora_r": 16 if name == "lora_r16" else 0, "batch": args.batch, "tokens": args.tokens}))
+    med = {n: {k: statistics.median(s[k] for s in rows) for k in ("peak_rss_mb", "update_s", "step_s")}
+           for n, rows in samples.items()}
+    rows = [{"config": n, **{k: round(v, 3) for k, v in m.items()}, "trainable": samples[n][0]["trainable"],
+             "reference copy": samples[n][0]["has_ref_copy"]} for n, m in med.items()]
+    ratios = {k: med["lora_r16"][k] / med["full"][k] for k in ("peak_rss_mb", "update_s", "step_s")}
+    out.update(learner=samples, learner_median=med, learner_ratio_lora_over_full=ratios)
+    print(format_table(rows, ["config", "peak_rss_mb", "update_s", "step_s", "trainable", "reference copy"]))
+    print("LoRA / full:", {k: round(v, 3) for k, v in ratios.items()})
+    if not args.skip_vllm:
+        runs: dict[str, list[dict]] = {"plain": [], "adapter": []}
+        for kind in interleaved_order(list(runs), 2):
+            runs[kind].append(run_isolated(__file__, "vllm_sample", {"kind": kind, "repeats": args.repeats}))
+        engine_of = {"full": "plain", "merged": "plain", "adapter": "adapter"}
+        sync = {m: statistics.median(x for r in runs[kind] for x in r["sync_s"][m]) for m, kind in engine_of.items()}
+        tps = {k: statistics.median(x for r in v for x in r["tokens_per_s"]) for k, v in runs.items()}
+        out.update(vllm=runs, vllm_sync_median_s=sync, vllm_tokens_per_s_median=tps)
+        print("vLLM sync (s, median):", {k: round(v, 4) for k, v in sync.items()},
+              "| merged/full", round(sync["merged"] / sync["full"], 3),
+              "| adapter/full", round(sync["adapter"] / sync["full"], 4))
+        print("vLLM decode tokens/s (median):", {k: round(v, 1) for k, v in tps.items()},
+              "| time per token adapter/plain", round(tps["plain"] / tps["adapter"], 3))
+    print("wrote", write_json("bench_lora.json", out))
+
+
+if __name__ == "__main__":
+    main()

