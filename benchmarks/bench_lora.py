@@ -129,8 +129,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--skip-vllm", action="store_true")
+    ap.add_argument("--skip-learner", action="store_true", help="only the vLLM sync / decode part")
     args = ap.parse_args()
     out: dict = {"machine": machine_info(), "args": vars(args)}
+    if not args.skip_learner:
+        learner_part(args, out)
+    if not args.skip_vllm:
+        vllm_part(args, out)
+    print("wrote", write_json("bench_lora.json", out))
+
+
+def learner_part(args, out: dict) -> None:
+    """Peak RSS, update and step time: LoRA r=16 against full-parameter, alternating processes."""
     samples: dict[str, list[dict]] = {"full": [], "lora_r16": []}
     for name in interleaved_order(list(samples), args.repeats):
         samples[name].append(run_isolated(__file__, "learner_sample", {
@@ -143,20 +153,22 @@ def main() -> None:
     out.update(learner=samples, learner_median=med, learner_ratio_lora_over_full=ratios)
     print(format_table(rows, ["config", "peak_rss_mb", "update_s", "step_s", "trainable", "reference copy"]))
     print("LoRA / full:", {k: round(v, 3) for k, v in ratios.items()})
-    if not args.skip_vllm:
-        runs: dict[str, list[dict]] = {"plain": [], "adapter": []}
-        for kind in interleaved_order(list(runs), 2):
-            runs[kind].append(run_isolated(__file__, "vllm_sample", {"kind": kind, "repeats": args.repeats}))
-        engine_of = {"full": "plain", "merged": "plain", "adapter": "adapter"}
-        sync = {m: statistics.median(x for r in runs[kind] for x in r["sync_s"][m]) for m, kind in engine_of.items()}
-        tps = {k: statistics.median(x for r in v for x in r["tokens_per_s"]) for k, v in runs.items()}
-        out.update(vllm=runs, vllm_sync_median_s=sync, vllm_tokens_per_s_median=tps)
-        print("vLLM sync (s, median):", {k: round(v, 4) for k, v in sync.items()},
-              "| merged/full", round(sync["merged"] / sync["full"], 3),
-              "| adapter/full", round(sync["adapter"] / sync["full"], 4))
-        print("vLLM decode tokens/s (median):", {k: round(v, 1) for k, v in tps.items()},
-              "| time per token adapter/plain", round(tps["plain"] / tps["adapter"], 3))
-    print("wrote", write_json("bench_lora.json", out))
+
+
+def vllm_part(args, out: dict) -> None:
+    """Sync time (full, merged, adapter) and decode tokens/s (plain engine, LoRA engine)."""
+    runs: dict[str, list[dict]] = {"plain": [], "adapter": []}
+    for kind in interleaved_order(list(runs), 2):
+        runs[kind].append(run_isolated(__file__, "vllm_sample", {"kind": kind, "repeats": args.repeats}))
+    engine_of = {"full": "plain", "merged": "plain", "adapter": "adapter"}
+    sync = {m: statistics.median(x for r in runs[kind] for x in r["sync_s"][m]) for m, kind in engine_of.items()}
+    tps = {k: statistics.median(x for r in v for x in r["tokens_per_s"]) for k, v in runs.items()}
+    out.update(vllm=runs, vllm_sync_median_s=sync, vllm_tokens_per_s_median=tps)
+    print("vLLM sync (s, median):", {k: round(v, 4) for k, v in sync.items()},
+          "| merged/full", round(sync["merged"] / sync["full"], 3),
+          "| adapter/full", round(sync["adapter"] / sync["full"], 4))
+    print("vLLM decode tokens/s (median):", {k: round(v, 1) for k, v in tps.items()},
+          "| time per token adapter/plain", round(tps["plain"] / tps["adapter"], 3))
 
 
 if __name__ == "__main__":

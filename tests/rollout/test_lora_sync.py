@@ -16,11 +16,11 @@ import torch
 
 from arlopti.config import LoraConfig
 from arlopti.learner.experience import build_experience
-from arlopti.learner.lora import adapters_disabled, apply_lora
+from arlopti.learner.lora import adapters_disabled, apply_lora, base_model_of
 from arlopti.learner.policy import PolicyLM
 from arlopti.models import build_tiny_model
 from arlopti.rollout.engine import SamplingConfig
-from arlopti.rollout.lora_sync import changed_only, engine_named_params, lora_engine_args
+from arlopti.rollout.lora_sync import _lora_layers, changed_only, engine_named_params, lora_engine_args
 from arlopti.tasks.base import RewardResult
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
@@ -125,6 +125,18 @@ def test_smoke_lora_with_vllm_rollouts(tmp_path, mode):
     print(f"[lora_sync={mode}] after moving the adapter: |trainer - vLLM| max {gap:.2e}, |base - vLLM| max {off:.2e}, "
           f"sync {engine.stats.last_sync_seconds:.3f} s, {engine.stats.extra['sync_tensors']} tensors")
     assert trained and gap < 1e-4 and off > 1e-2
+    if mode == "merged":  # the engine holds the base now: a second sync sends the adapted weights only
+        trained_adapter(policy, module.tokenizer)
+        assert engine.sync_weights(policy, module.weight_version + 2)
+        n_adapted = len(_lora_layers(base_model_of(policy.hf)))
+        assert engine.stats.extra["sync_tensors"] == n_adapted
+        comps = engine.generate(prompts, 4, SamplingConfig(temperature=1.0, max_new_tokens=16, seed=4, logprobs=True))
+        exp = build_experience(prompts, comps, [RewardResult(0.0, False, {}) for cs in comps for _ in cs],
+                               pad_id=module.tokenizer.pad_token_id)
+        with torch.no_grad():
+            own, _ = policy.eval()(exp.input_ids, exp.attention_mask, exp.prompt_len, 1.0, with_entropy=False)
+        gap = (own - exp.engine_logprobs).abs()[exp.response_mask.bool()].max()
+        assert gap < 1e-4, f"after a partial (adapted-weights-only) sync the engine still agrees: {gap:.2e}"
 
 
 def trained_adapter(policy, tok) -> bool:

@@ -104,7 +104,7 @@ import torch
 from arlopti.config import RolloutConfig
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
 from arlopti.rollout.hf import sample_seed
-from arlopti.rollout.lora_sync import adapter_engine_class, engine_named_params, lora_engine_args
+from arlopti.rollout.lora_sync import adapter_engine_class, changed_only, engine_named_params, lora_engine_args
 from arlopti.rollout.weight_sync import (WeightSyncError, check_names, named_sync_params, nbytes,
                                          stream_tensors)
 
@@ -719,6 +719,11 @@ class VLLMEngine(RolloutEngine):
         t0 = time.perf_counter()
         items = named_sync_params(engine_named_params(policy, self.lora_merged), self.tie_word_embeddings)
         check_names([n for n, _ in items], self.expected_names, where="the vLLM engine (names it was built from)")
+        # LoRA, merged: once the engine holds the frozen base, only the adapted weights can differ.
+        partial = False
+        if self.weights_loaded and self.lora_merged:
+            kept = changed_only(items, policy)  # all of them without LoRA
+            partial, items = len(kept) < len(items), kept
         methods = [self.sync_method] if self.sync_method else list(self.SYNC_METHODS)
         errors = []
         result = None
@@ -737,7 +742,7 @@ class VLLMEngine(RolloutEngine):
             break
         if result is None:
             raise RuntimeError("vLLM weight sync failed by every route: " + "; ".join(errors))
-        if result["loaded"] is not None:
+        if result["loaded"] is not None and not partial:  # a partial sync leaves the rest as loaded
             stale = sorted(set(result["engine"]) - set(result["loaded"]))
             if stale:
                 raise WeightSyncError(f"vLLM did not update {len(stale)} engine parameter(s) during the sync: "
