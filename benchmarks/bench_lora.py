@@ -35,7 +35,7 @@ def learner_sample(lora_r: int, batch: int, tokens: int, threads: int = 2) -> di
 
     torch.set_num_threads(threads)
     from arlopti.config import AlgorithmConfig, LoraConfig, ModelConfig, OptimConfig, RunConfig
-    from arlopti.learner.lora import adapters_disabled
+    from arlopti.lora import adapters_disabled
     from arlopti.learner.module import GRPOModule
     from arlopti.learner.optim import build_optimizer
     from arlopti.models import load_tokenizer
@@ -88,7 +88,7 @@ def vllm_sample(kind: str, repeats: int, threads: int = 2) -> dict:
 
     torch.set_num_threads(threads)
     from arlopti.config import LoraConfig, RolloutConfig
-    from arlopti.learner.lora import apply_lora
+    from arlopti.lora import apply_lora
     from arlopti.learner.policy import PolicyLM
     from arlopti.models import load_causal_lm, load_tokenizer
     from arlopti.rollout.engine import SamplingConfig

@@ -19,6 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from arlopti import config as config_mod
+from arlopti.config import rules as config_rules
 from arlopti.config import (AlgorithmConfig, ConfigError, LoptiConfig, RunConfig, SizesConfig, TinyModelConfig,
                             from_dict, saved_run_as_current, schemas, validate_once, walk_fields)
 from conftest import REPO_ROOT
@@ -141,8 +142,8 @@ def test_validate_run_runs_once_per_build(tmp_path, monkeypatch):
     from arlopti.train import build
 
     calls = []
-    real = config_mod.validate_run
-    monkeypatch.setattr(config_mod, "validate_run", lambda cfg, world_size=1: calls.append(world_size) or
+    real = config_rules.validate_run
+    monkeypatch.setattr(config_rules, "validate_run", lambda cfg, world_size=1: calls.append(world_size) or
                         real(cfg, world_size))
     cfg = compose_train(["debug=smoke", "data=kk_generated", "data.train_count_per_n=4", "data.val_count_per_n=1",
                          "logger=none", "~callbacks.benchmark_eval"], tmp_path)
@@ -154,8 +155,8 @@ def test_validate_run_runs_once_per_build(tmp_path, monkeypatch):
 
 def test_validate_once_revalidates_a_changed_config_or_another_world_size(monkeypatch):
     calls = []
-    real = config_mod.validate_run
-    monkeypatch.setattr(config_mod, "validate_run", lambda cfg, world_size=1: calls.append(world_size) or
+    real = config_rules.validate_run
+    monkeypatch.setattr(config_rules, "validate_run", lambda cfg, world_size=1: calls.append(world_size) or
                         real(cfg, world_size))
     cfg = RunConfig(sizes=SizesConfig(prompts_per_step=2, group_size=4, mini_batch_size=4, micro_batch_size=2))
     validate_once(cfg, 2)

@@ -33,7 +33,7 @@ def compose_eval(tmp_path: Path, overrides: list[str]):
 
 @pytest.fixture(autouse=True)
 def _no_inherited_answer(monkeypatch):
-    """resolve_ckpt_path exports its answer for launched ranks; keep it out of other tests."""
+    """train.resume_from exports its answer for launched ranks; keep it out of other tests."""
     from arlopti.resume import RESOLVED_ENV
 
     monkeypatch.delenv(RESOLVED_ENV, raising=False)

@@ -99,7 +99,7 @@ def test_bad_checkpoints_are_named(trained, tmp_path, capsys):
     with pytest.raises(CheckpointError, match="run directory without checkpoints/last.ckpt"):
         load_policy_from_checkpoint(tmp_path / "empty_run")
     (tmp_path / "folder").mkdir()
-    with pytest.raises(CheckpointError, match="has no meta.pt"):
+    with pytest.raises(CheckpointError, match="is a folder that holds no checkpoint"):
         load_policy_from_checkpoint(tmp_path / "folder")
     plain = tmp_path / "plain.ckpt"
     torch.save({"state_dict": {"w": torch.zeros(1)}}, plain)

@@ -2,8 +2,8 @@
 ``auto`` / a run directory / a file, the ``last.ckpt.old`` fallback, truncated files and shards
 named before anything is loaded, and damaged ones (bytes flipped in a tensor blob or a shard: the
 zip entry's CRC-32, the folder's sha256 manifest) named, with ``last``/``auto`` falling back to the
-newest intact checkpoint. Then ``arlopti.train.resolve_ckpt_path``, which reads the
-directories from a composed config.
+newest intact checkpoint. Then ``arlopti.train.resume_from``, which reads the
+directories from a composed config and exports rank 0's answer for the ranks it launches.
 
 The checkpoints here are ``torch.save`` files with Lightning's layout (a zip with a ``data.pkl``)
 and a distributed-checkpoint folder: the checks look at the files, never at the weights. Saving,
@@ -18,7 +18,8 @@ import re
 import pytest
 import torch
 
-from arlopti.resume import RESOLVED_ENV, CheckpointError, find_last_checkpoint, resolve_ckpt_path, validate_checkpoint
+from arlopti.resume import (RESOLVED_ENV, CheckpointError, CheckpointNotFoundError, find_last_checkpoint,
+                            inherited_answer, resolve_ckpt_path, validate_checkpoint)
 from helpers.zip_bytes import flip_entry_bytes
 
 
@@ -34,7 +35,7 @@ def saved_ckpt(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def _no_inherited_answer(monkeypatch):
-    """resolve_ckpt_path exports its answer for the ranks it launches; keep each test's own."""
+    """train.resume_from exports its answer for the ranks it launches; keep each test's own."""
     monkeypatch.delenv(RESOLVED_ENV, raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
 
@@ -105,11 +106,13 @@ def test_ckpt_path_auto_and_last(saved_ckpt, tmp_path):
     assert resolve_ckpt_path("auto", **where) == resolve_ckpt_path("last", **where) == want
     assert resolve_ckpt_path(str(run_dir), **where) == want  # a run directory
     assert resolve_ckpt_path(run_dir) == want  # which needs nothing of this run's
-    assert os.environ[RESOLVED_ENV] == want
+    assert RESOLVED_ENV not in os.environ  # arlopti.resume writes no environment: train.resume_from does
 
 
 def test_explicit_paths_that_cannot_be_used_are_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    assert issubclass(CheckpointNotFoundError, CheckpointError) and issubclass(CheckpointNotFoundError,
+                                                                               FileNotFoundError)
+    with pytest.raises(CheckpointNotFoundError, match="does not exist"):
         resolve_ckpt_path(str(tmp_path / "nope.ckpt"))
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="is a run directory without checkpoints/last.ckpt"):
@@ -117,18 +120,33 @@ def test_explicit_paths_that_cannot_be_used_are_named(tmp_path):
 
 
 def test_launched_ranks_take_rank_zeros_answer_for_last(saved_ckpt, tmp_path, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from arlopti.train import resume_from
+
     where = dict(output_dir=tmp_path / "mine", log_dir=tmp_path / "logs", task_name="t", run_name="s1")
-    monkeypatch.setenv(RESOLVED_ENV, str(saved_ckpt))
-    with pytest.raises(FileNotFoundError):  # rank 0 (no LOCAL_RANK) searches
-        resolve_ckpt_path("last", **where)
+    env = {RESOLVED_ENV: str(saved_ckpt)}
+    assert inherited_answer(env) is None  # rank 0 (no LOCAL_RANK) searches
+    with pytest.raises(FileNotFoundError):
+        resolve_ckpt_path("last", **where, inherited=inherited_answer(env))
+    assert inherited_answer({**env, "LOCAL_RANK": "1"}) == str(saved_ckpt)
+    assert resolve_ckpt_path("last", **where, inherited=str(saved_ckpt)) == str(saved_ckpt)
+    # train.resume_from: rank 0 exports its answer, a launched rank reads it back
+    monkeypatch.setenv(RESOLVED_ENV, "")  # so that the answer resume_from exports is undone after the test
+    cfg = OmegaConf.create({"ckpt_path": str(saved_ckpt), "task_name": "t", "run_name": "s1",
+                            "paths": {"log_dir": str(tmp_path / "logs"), "output_dir": str(tmp_path / "mine")}})
+    assert resume_from(cfg) == str(saved_ckpt) == os.environ[RESOLVED_ENV]
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert resolve_ckpt_path("last", **where) == str(saved_ckpt)
+    assert resume_from(OmegaConf.merge(cfg, {"ckpt_path": "last"})) == str(saved_ckpt)
 
 
 def test_train_reads_the_run_directories_from_the_config(saved_ckpt, tmp_path):
     from omegaconf import OmegaConf
 
-    from arlopti.train import resolve_ckpt_path as from_config
+    from arlopti.train import run_dirs
+
+    def from_config(ckpt_path, cfg):
+        return resolve_ckpt_path(ckpt_path, **run_dirs(cfg))
 
     run_dir = tmp_path / "logs" / "t" / "s1" / "fixed"
     cfg = OmegaConf.create({"task_name": "t", "run_name": "s1",

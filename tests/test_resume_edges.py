@@ -36,7 +36,7 @@ def toy_checkpoints(tiny_tokenizer, tmp_path_factory):
 
 
 def test_finished_reason_reads_the_step_and_the_epochs(toy_checkpoints):
-    from arlopti.train import finished_reason
+    from arlopti.resume import finished_reason
 
     steps, epochs = str(toy_checkpoints["steps"]), str(toy_checkpoints["epochs"])
     assert "rollout step 2 and rollout_steps=2" in finished_reason(steps, 2, 2)
@@ -75,7 +75,8 @@ def test_a_checkpoint_records_its_data_and_other_data_is_a_mismatch(tiny_tokeniz
     from callbacks.test_checkpointing import make_cfg
 
     from arlopti.learner.module import GRPOModule
-    from arlopti.train import check_resume_compatible, data_signature
+    from arlopti.resume import check_resume_compatible
+    from arlopti.train import data_signature
 
     kk, dsr = (data_signature(compose_data(e, tmp_path).data) for e in ("kk_lopti", "dsr_lopti"))
     assert kk["_target_"].endswith("KKDataModule") and dsr["_target_"].endswith("MathDataModule")
@@ -112,7 +113,7 @@ def test_the_repro_train_twice_with_rollout_steps_2(tmp_path, caplog):
     """The issue's repro through train(): `rollout_steps=2`, then the same with the checkpoint."""
     from test_train import compose_train
 
-    from arlopti.callbacks.checkpointing import load_checkpoint_metadata
+    from arlopti.resume import load_checkpoint_metadata
     from arlopti.train import train
 
     args = ["experiment=kk_lopti", "debug=smoke", "data=kk_generated", "rollout_steps=2", "logger=none",

@@ -135,8 +135,9 @@ def eval_ckpt_path(cfg: DictConfig) -> str | None:
     ``last``: the newest intact ``last.ckpt`` of the training run ``train_task`` / ``train_run``
     (:func:`arlopti.resume.resolve_ckpt_path`, as ``train.py`` resolves it); without
     ``train_task``, a ``task_name`` / ``run_name`` other than eval's own are taken as the
-    training run's. Otherwise a checkpoint file / folder or a run directory, as given."""
-    from arlopti.resume import resolve_ckpt_path
+    training run's. Otherwise a checkpoint file / folder or a run directory (its ``last.ckpt``).
+    Resolved and checked by :func:`arlopti.resume.resolve_ckpt_path`, as in ``train.py``."""
+    from arlopti.resume import resolve_ckpt_path, run_names
 
     ckpt = cfg.get("ckpt_path")
     if ckpt in (None, ""):
@@ -145,7 +146,7 @@ def eval_ckpt_path(cfg: DictConfig) -> str | None:
         raise ValueError("eval: ckpt_path=auto has no meaning here (eval writes no checkpoints); use "
                          "ckpt_path=last with train_task=<the experiment's task_name>, or a checkpoint path")
     if str(ckpt) != "last":
-        return str(ckpt)
+        return resolve_ckpt_path(ckpt)
     log_dir = Path(cfg.paths.log_dir)
     task = cfg.get("train_task") or (cfg.task_name if cfg.get("task_name") not in (None, "eval") else None)
     if not task:
@@ -156,7 +157,7 @@ def eval_ckpt_path(cfg: DictConfig) -> str | None:
     run = cfg.get("train_run") or (cfg.get("run_name") if cfg.get("train_task") is None and cfg.get("run_name")
                                    not in own_run_names else None)
     if not run:
-        names = sorted(d.name for d in (log_dir / str(task)).glob("*") if any(d.glob("*/checkpoints")))
+        names = run_names(log_dir, str(task))
         if len(names) != 1:
             raise ValueError(f"eval: ckpt_path=last train_task={task}: {log_dir / str(task)} holds "
                              f"{'no training runs' if not names else 'the runs ' + ', '.join(names)}; "
@@ -180,49 +181,57 @@ def check_finite_weights(model, what: str) -> None:
                          "checkpoint.")
 
 
-def evaluate(cfg: DictConfig) -> dict:
-    from arlopti.config import RolloutConfig, from_dict
-    from arlopti.callbacks.rollout import build_engine
-    from arlopti.tasks.base import check_task_options, get_task
-
-    from arlopti.utils.console import quiet_console
-
-    quiet_console()
+def eval_suite(cfg: DictConfig) -> tuple[dict, dict[str, list[PromptRecord]]]:
+    """The suite (``cfg.eval``, resolved) and its records per set, checked before any model is
+    loaded so that a bad suite fails fast: ``eval=val`` (``source: data``) reads the data config's
+    validation sets (any registered task), other suites their own sets."""
     suite = OmegaConf.to_container(cfg.eval, resolve=True)
     limit = suite.get("limit")
     if limit is not None and int(limit) < 1:
         raise ValueError(f"eval.limit={limit}: evaluate at least one problem per set (null = all of them)")
-    if suite.get("source") == "data":  # eval=val: the data config's validation sets, any registered task
+    if suite.get("source") == "data":
         records, max_len = data_records(cfg)
         suite["max_prompt_length"] = suite.get("max_prompt_length") or max_len
         suite["task"] = "/".join(sorted({r.task for recs in records.values() for r in recs})) or "none"
     else:
-        records = suite_records(suite)  # before the model: a bad suite fails fast
+        records = suite_records(suite)
     empty = [name for name, recs in records.items() if not recs]
     if not records or empty:
         raise ValueError(f"eval suite {suite.get('name', suite['task'])!r} has nothing to evaluate: "
                          + (f"set(s) {empty} hold no problems" if empty else "it names no sets"))
-    record_tasks = sorted({r.task for recs in records.values() for r in recs})
-    early_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
-    check_task_options({t: early_options.get(t) for t in record_tasks}, required=tuple(record_tasks))
-    ckpt = eval_ckpt_path(cfg)
-    policy, tok = load_model_for_eval(cfg, ckpt)
+    return suite, records
+
+
+def tokenize_sets(records: dict[str, list[PromptRecord]], tok,
+                  max_prompt_length: int) -> dict[str, list[PromptSample]]:
+    """Every set's prompts tokenized (longer ones dropped); a set left empty is an error."""
     sets: dict[str, list[PromptSample]] = {}
     for name, recs in records.items():
-        sets[name], dropped = tokenize_records(recs, tok, int(suite.get("max_prompt_length", 4096)), name)
+        sets[name], dropped = tokenize_records(recs, tok, max_prompt_length, name)
         if not sets[name]:
             raise ValueError(f"eval set {name!r}: all {len(recs)} prompts are longer than "
-                             f"eval.max_prompt_length={suite.get('max_prompt_length', 4096)}")
-    rollout = from_dict(RolloutConfig, OmegaConf.to_container(cfg.rollout, resolve=True), "rollout")
+                             f"eval.max_prompt_length={max_prompt_length}")
+    return sets
 
-    class _Holder:  # what build_engine reads off a module
-        pass
 
-    holder = _Holder()
-    holder.policy, holder.tokenizer = policy, tok
-    engine = build_engine(rollout, holder)
-    tasks: dict = {}
+def evaluate(cfg: DictConfig) -> dict:
+    """Evaluate the checkpoint or model of ``cfg`` on its suite; writes and returns the report."""
+    from arlopti.config import RolloutConfig, from_dict
+    from arlopti.rollout.factory import build_engine
+    from arlopti.tasks.base import check_task_options, get_task
+    from arlopti.utils.console import quiet_console
+
+    quiet_console()
+    suite, records = eval_suite(cfg)
+    record_tasks = sorted({r.task for recs in records.values() for r in recs})
     task_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
+    check_task_options({t: task_options.get(t) for t in record_tasks}, required=tuple(record_tasks))
+    ckpt = eval_ckpt_path(cfg)
+    policy, tok = load_model_for_eval(cfg, ckpt)
+    sets = tokenize_sets(records, tok, int(suite.get("max_prompt_length", 4096)))
+    rollout = from_dict(RolloutConfig, OmegaConf.to_container(cfg.rollout, resolve=True), "rollout")
+    engine = build_engine(rollout, policy, tok)
+    tasks: dict = {}
     check_task_options(task_options)
 
     def task_for(name):
@@ -238,6 +247,12 @@ def evaluate(cfg: DictConfig) -> dict:
         for t in tasks.values():
             t.close()
         engine.close()
+    return write_report(cfg, suite, ckpt, task_options, metrics, results)
+
+
+def write_report(cfg: DictConfig, suite: dict, ckpt: str | None, task_options: dict, metrics: dict,
+                 results: list) -> dict:
+    """Write the report (``cfg.output_file``, every item beside it), print the table; returns it."""
     from arlopti.eval.runner import attach_items, mean_sets
 
     report = {"suite": suite, "model": ckpt or cfg.model.name_or_path, "tasks": task_options,
@@ -258,7 +273,7 @@ def evaluate(cfg: DictConfig) -> dict:
 def checkpoint_model_name(ckpt: str) -> str:
     """The ``model.name_or_path`` a training checkpoint was trained from (its saved run config), or
     ``"?"`` when it records none."""
-    from arlopti.callbacks.checkpointing import load_checkpoint_metadata
+    from arlopti.resume import load_checkpoint_metadata
 
     run = (load_checkpoint_metadata(ckpt).get("hyper_parameters") or {}).get("run") or {}
     return str((run.get("model") or {}).get("name_or_path", "?"))

@@ -30,24 +30,12 @@ from pathlib import Path
 
 import torch
 
-from arlopti.callbacks.checkpointing import load_checkpoint_metadata
 from arlopti.config import ModelConfig, from_dict
-from arlopti.learner.lora import apply_lora, check_base_identity, lora_enabled
-from arlopti.resume import META, CheckpointError, last_in, validate_checkpoint
+from arlopti.lora import apply_lora, check_base_identity, lora_enabled
+from arlopti.resume import CheckpointError, load_checkpoint_metadata, named_checkpoint
 
 POLICY_PREFIX = "policy.hf."
 _DCP_PREFIX = "state_dict." + POLICY_PREFIX  # how Lightning's ModelParallelStrategy names the weights
-
-
-def resolve_checkpoint(ckpt: str | Path) -> Path:
-    """A checkpoint file/folder, or a run directory's ``checkpoints/last.ckpt``; validated."""
-    path = Path(ckpt)
-    if path.is_dir() and not (path / META).exists() and (path / "checkpoints").is_dir():
-        found = last_in(path / "checkpoints")
-        if found is None:
-            raise CheckpointError(f"{path} is a run directory without checkpoints/last.ckpt")
-        path = found
-    return validate_checkpoint(path)
 
 
 def model_config_of(meta: dict, where: Path) -> ModelConfig:
@@ -117,7 +105,7 @@ def load_policy_from_checkpoint(ckpt: str | Path, merge: bool = True):
     ``model.name_or_path``, checked against the identity the checkpoint recorded, and the adapter
     put on it; ``merge`` folds it into the weights (a plain HF model), else the ``PeftModel`` is
     returned."""
-    path = resolve_checkpoint(ckpt)
+    path = named_checkpoint(ckpt)
     meta = load_checkpoint_metadata(path)
     model_cfg = model_config_of(meta, path)
     if lora_enabled(model_cfg.lora):
@@ -147,7 +135,7 @@ def _load_lora_policy(path: Path, meta: dict, model_cfg: ModelConfig, merge: boo
     base = load_causal_lm(model_cfg.name_or_path, tok, dtype=model_cfg.dtype, tiny=model_cfg.tiny)
     model = apply_lora(base, model_cfg.lora)
     check_base_identity((meta.get("arlopti") or {}).get("lora_base"), model.arlopti_base_identity, f"export of {path}")
-    own = model.state_dict()  # the adapter's tensors only (learner.lora drops the frozen base)
+    own = model.state_dict()  # the adapter's tensors only (arlopti.lora drops the frozen base)
     state = policy_state_dict(path, own)
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     if missing or unexpected:
@@ -179,7 +167,7 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     ``adapter_config.json``, for ``PeftModel.from_pretrained(base, out_dir)``), or with ``merge``
     the merged full weights.
     """
-    path = resolve_checkpoint(ckpt)
+    path = named_checkpoint(ckpt)
     model, tok = load_policy_from_checkpoint(path, merge=merge)
     if dtype is not None:
         if dtype not in ("bfloat16", "float16", "float32"):

@@ -22,10 +22,19 @@ one per tensor blob), a distributed folder's files against the sha256 manifest
 (``arlopti-manifest.json``) written when it was saved. With ``last`` and ``auto`` a damaged
 checkpoint is skipped, with a warning, for the newest intact one (``last.ckpt.old``, or an
 earlier run's); an explicit path that is damaged is an error. Rank 0's answer for ``last`` is
-exported as ``ARLOPTI_RESOLVED_CKPT``, so that the ranks Lightning launches from it resume from
-the same checkpoint rather than search again (a rank could otherwise find a checkpoint written
-since). Nothing here needs Hydra: the caller passes the directories as values
-(:func:`arlopti.train.resolve_ckpt_path` reads them from the composed config).
+exported (by ``arlopti.train``, which owns the process environment) as ``ARLOPTI_RESOLVED_CKPT``,
+so that the ranks Lightning launches from it resume from the same checkpoint rather than search
+again (a rank could otherwise find a checkpoint written since): :func:`inherited_answer` reads it
+back, and :func:`resolve_ckpt_path` takes it as a value. Nothing here needs Hydra or writes the
+environment: the caller passes the directories as values (``arlopti.train.run_dirs`` reads them
+from the composed config).
+
+A checkpoint's run state is read here too: :func:`load_checkpoint_metadata` (its non-tensor part),
+:func:`config_mismatches` and :func:`check_resume_compatible` (its run config against this run's),
+:func:`finished_reason` (whether it already reached the end of training). ``train.py``,
+``evaluate.py``, ``export.py`` and the checkpoint callback all call this module; its two error
+types are :class:`CheckpointError` (a checkpoint that cannot be used) and
+:class:`CheckpointNotFoundError` (``ckpt_path`` names none).
 """
 
 from __future__ import annotations
@@ -33,10 +42,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 import zipfile
 from pathlib import Path
+from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +58,11 @@ RESOLVED_ENV = "ARLOPTI_RESOLVED_CKPT"
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used; the message names the file and what to do."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """``ckpt_path`` names no checkpoint (a missing path, a run directory or folder without one, no
+    ``last.ckpt`` for ``last``); a :class:`CheckpointError` and a ``FileNotFoundError`` both."""
 
 
 def last_in(checkpoints: Path) -> Path | None:
@@ -109,13 +123,21 @@ def _written_at(p: Path) -> float:
     return (p / META).stat().st_mtime if p.is_dir() else p.stat().st_mtime
 
 
+def inherited_answer(environ: Mapping[str, str]) -> str | None:
+    """Rank 0's answer for ``ckpt_path=last`` (:data:`RESOLVED_ENV`) when ``environ`` is that of a
+    rank Lightning launched (``LOCAL_RANK`` > 0), else None (rank 0 searches itself)."""
+    inherited = environ.get(RESOLVED_ENV)
+    return inherited if inherited and int(environ.get("LOCAL_RANK", "0")) > 0 else None
+
+
 def resolve_ckpt_path(ckpt_path: str | Path | None, *, output_dir: str | Path | None = None,
                       log_dir: str | Path | None = None, task_name: str | None = None,
-                      run_name: str | None = None) -> str | None:
+                      run_name: str | None = None, inherited: str | None = None) -> str | None:
     """The checkpoint ``ckpt_path`` names (see the module docstring), checked to be complete.
 
     ``output_dir`` is this run's directory (None when unknown); ``log_dir``, ``task_name`` and
     ``run_name`` locate the earlier runs that ``last`` searches. An explicit path needs none of them.
+    ``inherited`` (:func:`inherited_answer`): rank 0's answer for ``last``, used without a search.
     """
     if ckpt_path in (None, ""):
         return None
@@ -127,21 +149,18 @@ def resolve_ckpt_path(ckpt_path: str | Path | None, *, output_dir: str | Path | 
             return None
         path = _first_intact(found, "auto")
     elif ckpt_path == "last":
-        inherited = os.environ.get(RESOLVED_ENV)
-        if inherited and int(os.environ.get("LOCAL_RANK", "0")) > 0:
+        if inherited:
             return inherited  # a rank Lightning started: use what rank 0 found, not a fresh search
         found = last_checkpoint_candidates(output_dir, log_dir, task_name, run_name)
         if not found:
             own = f"{output_dir}/checkpoints" if output_dir is not None else "<this run>/checkpoints"
-            raise FileNotFoundError(
+            raise CheckpointNotFoundError(
                 f"ckpt_path=last: no last.ckpt under {own} nor under any earlier run of "
                 f"task_name={task_name}, run_name={run_name} in {log_dir}/{task_name}/{run_name}; "
                 "pass an explicit ckpt_path")
         path = _first_intact(found, "last")
     else:
-        path = _named_checkpoint(ckpt_path)
-        validate_checkpoint(path)
-    os.environ[RESOLVED_ENV] = str(path)
+        path = named_checkpoint(ckpt_path)
     return str(path)
 
 
@@ -164,20 +183,25 @@ def _first_intact(candidates: list[Path], setting: str) -> Path:
     raise CheckpointError(f"ckpt_path={setting}: every candidate checkpoint is damaged:\n  " + "\n  ".join(errors))
 
 
-def _named_checkpoint(ckpt_path: str) -> Path:
-    """An explicit ``ckpt_path``: a checkpoint file or folder, or a run directory (its last.ckpt)."""
+def named_checkpoint(ckpt_path: str | Path) -> Path:
+    """An explicit ``ckpt_path``: a checkpoint file or folder, or a run directory (its last.ckpt);
+    checked to be complete and intact (:func:`validate_checkpoint`)."""
+    return validate_checkpoint(_named_path(ckpt_path))
+
+
+def _named_path(ckpt_path: str | Path) -> Path:
     path = Path(ckpt_path)
     if not path.exists():
-        raise FileNotFoundError(f"ckpt_path={ckpt_path!r} does not exist")
+        raise CheckpointNotFoundError(f"ckpt_path={ckpt_path!r} does not exist")
     if path.is_dir() and (path / "checkpoints").is_dir():  # a run directory
         found = last_in(path / "checkpoints")
         if found is None:
-            raise FileNotFoundError(
+            raise CheckpointNotFoundError(
                 f"ckpt_path={ckpt_path!r} is a run directory without checkpoints/last.ckpt (looked for "
                 f"{path / 'checkpoints' / LAST} and {path / 'checkpoints' / (LAST + '.old')})")
         return found
     if path.is_dir() and not _looks_like_distributed_checkpoint(path):
-        raise FileNotFoundError(
+        raise CheckpointNotFoundError(
             f"ckpt_path={ckpt_path!r} is a folder that holds no checkpoint. Looked for: a run directory's "
             f"{path / 'checkpoints' / LAST} (or {LAST}.old), and a distributed-checkpoint folder's {path / META} "
             "or *.distcp shards. Pass a run directory, a .ckpt file, or ckpt_path=last")
@@ -378,6 +402,115 @@ def write_manifest(folder: str | Path) -> Path:
     return out
 
 
-__all__ = ["LAST", "MANIFEST", "META", "RESOLVED_ENV", "CheckpointError", "find_last_checkpoint", "last_candidates",
-           "last_checkpoint_candidates", "last_in", "resolve_ckpt_path", "sha256_of", "validate_checkpoint",
-           "write_manifest"]
+def run_names(log_dir: str | Path, task_name: str) -> list[str]:
+    """The ``run_name`` of every run of ``task_name`` under ``log_dir`` that holds a checkpoints
+    folder (``<log_dir>/<task_name>/<run_name>/<time>/checkpoints``), sorted."""
+    return sorted(d.name for d in (Path(log_dir) / str(task_name)).glob("*") if any(d.glob("*/checkpoints")))
+
+
+# ---------------------------------------------------------------------------------------------
+# a checkpoint's run state
+# ---------------------------------------------------------------------------------------------
+
+
+def load_checkpoint_metadata(path: str | Path) -> dict:
+    """The non-tensor part of a checkpoint (hyper-parameters, counters, loop and DataModule state).
+
+    For a file this loads it memory-mapped on CPU; for a distributed folder it reads ``meta.pt``.
+    """
+    import torch
+
+    path = validate_checkpoint(path)
+    target = path / META if path.is_dir() else path
+    try:
+        return torch.load(target, map_location="cpu", mmap=target.is_file() and path.is_file(), weights_only=False)
+    except Exception as err:
+        raise CheckpointError(f"checkpoint {target} cannot be read ({type(err).__name__}: {err}); "
+                              "it may be truncated or from an incompatible version") from err
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}} -> {"a.b": 1}``; tuples become lists so a saved config compares equal."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def config_mismatches(saved_run: dict, run: dict) -> list[str]:
+    """Human-readable differences between a checkpoint's run config and this run's, sorted by key."""
+    a, b = flatten(saved_run), flatten(run)
+    diffs = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<absent>") != b.get(key, "<absent>"):
+            diffs.append(f"{key}: checkpoint {a.get(key, '<absent>')!r}, this run {b.get(key, '<absent>')!r}")
+    return diffs
+
+
+def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False, data: dict | None = None) -> None:
+    """Refuse a checkpoint whose saved run config differs from ``run`` (lists every differing key),
+    or whose saved data identity (``hyper_parameters.data``, ``arlopti.train.data_signature``)
+    differs from ``data``: resuming K&K weights and sampler state for math training is a mismatch
+    too. A checkpoint saved before the data identity was recorded is resumed with a warning."""
+    from dataclasses import asdict
+
+    from arlopti.config import ConfigError, saved_run_as_current
+
+    hparams = load_checkpoint_metadata(ckpt).get("hyper_parameters") or {}
+    saved = hparams.get("run")
+    if saved is None:
+        raise ConfigError(f"checkpoint {ckpt} has no saved run config (hyper_parameters.run): not an arlopti "
+                          "training checkpoint")
+    # an older checkpoint: keys removed since are ignored, keys added since compare as their default
+    diffs = config_mismatches(saved_run_as_current(saved), asdict(run))
+    if data is not None:
+        saved_data = hparams.get("data")
+        if saved_data is None:
+            log.warning("checkpoint %s records no data config (saved before it was recorded): cannot check that "
+                        "it was trained on the same data (%s)", ckpt, data.get("_target_"))
+        else:
+            diffs += config_mismatches({"data": dict(saved_data)}, {"data": dict(data)})
+    if not diffs:
+        return
+    listing = "\n  ".join(diffs)
+    if allow_mismatch:
+        log.warning("resuming from %s with a different config (allow_config_mismatch=true):\n  %s", ckpt, listing)
+        return
+    raise ConfigError(f"checkpoint {ckpt} was saved with a different config:\n  {listing}\n"
+                      "Resume with the same settings, or pass allow_config_mismatch=true to resume anyway "
+                      "(model.* differences will still fail to load).")
+
+
+def finished_reason(ckpt: str, rollout_steps: int | None, max_epochs: int | None) -> str | None:
+    """Why a run resumed from ``ckpt`` would have nothing left to do, or None.
+
+    Done = the checkpoint's ``arlopti.rollout_step`` >= ``rollout_steps``, or its epochs >=
+    ``max_epochs`` (completed epochs, plus the current one when the checkpoint was saved on that
+    epoch's last batch, as the final save is). Lightning's stop check only runs after a step, so
+    resuming such a run would otherwise train one more step and save it.
+    """
+    meta = load_checkpoint_metadata(ckpt)
+    step = int((meta.get("arlopti") or {}).get("rollout_step", 0))
+    if rollout_steps is not None and step >= int(rollout_steps):
+        return f"checkpoint is at rollout step {step} and rollout_steps={rollout_steps}"
+    if max_epochs is not None and int(max_epochs) >= 0:
+        fit = (meta.get("loops") or {}).get("fit_loop") or {}
+        epochs = int(((fit.get("epoch_progress") or {}).get("current") or {}).get("completed", 0))
+        batches = fit.get("epoch_loop.batch_progress") or {}
+        current = batches.get("current") or {}
+        if batches.get("is_last_batch") and current.get("processed", 0) >= max(1, current.get("ready", 0)):
+            epochs = max(epochs, int(meta.get("epoch", epochs)) + 1)
+        if epochs >= int(max_epochs):
+            return (f"checkpoint has finished {epochs} epoch(s) (rollout step {step}) and "
+                    f"trainer.max_epochs={max_epochs}")
+    return None
+
+
+__all__ = ["LAST", "MANIFEST", "META", "RESOLVED_ENV", "CheckpointError", "CheckpointNotFoundError",
+           "check_resume_compatible", "config_mismatches", "find_last_checkpoint", "finished_reason",
+           "inherited_answer", "last_candidates", "last_checkpoint_candidates", "last_in", "load_checkpoint_metadata",
+           "named_checkpoint", "resolve_ckpt_path", "run_names", "sha256_of", "validate_checkpoint", "write_manifest"]

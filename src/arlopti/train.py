@@ -9,10 +9,12 @@ Resuming (``ckpt_path``): ``last`` = this run's ``checkpoints/last.ckpt``, else 
 ``last.ckpt`` of the same ``task_name`` and ``run_name`` (see :mod:`arlopti.resume`); ``auto`` = this run's
 ``checkpoints/last.ckpt`` if there is one, else a fresh start (for job scripts that pass a fixed
 ``hydra.run.dir`` and are requeued); a run directory = its ``checkpoints/last.ckpt``; or a
-checkpoint file / FSDP2 checkpoint folder. The checkpoint is
-checked first: a truncated file is named, and a checkpoint whose run config (algorithm, optim,
-sizes, model, rollout) differs from this run's is refused with the differing keys unless
-``allow_config_mismatch=true``.
+checkpoint file / FSDP2 checkpoint folder (:func:`resume_from`). The checkpoint is checked first
+(:func:`arlopti.resume.finished_reason`, :func:`arlopti.resume.check_resume_compatible`): a
+truncated file is named, and a checkpoint whose run config (algorithm, optim, sizes, model,
+rollout) differs from this run's is refused with the differing keys unless
+``allow_config_mismatch=true``. The rollout callback the learner needs is wired here
+(:func:`attach_rollout_callback`), not by the learner.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import hydra
 import lightning.pytorch as L
 from omegaconf import DictConfig, OmegaConf
 
-from arlopti.config import ConfigError, RunConfig, from_dict, saved_run_as_current, validate_once
+from arlopti.config import ConfigError, RunConfig, from_dict, validate_once
+from arlopti.resume import (RESOLVED_ENV, check_resume_compatible, finished_reason, inherited_answer,
+                            resolve_ckpt_path)
 
 log = logging.getLogger(__name__)
 
@@ -65,56 +69,29 @@ def instantiate_dict(node: DictConfig | None) -> list:
     return [hydra.utils.instantiate(v) for v in node.values() if isinstance(v, DictConfig) and "_target_" in v]
 
 
-def resolve_ckpt_path(ckpt_path: str | None, cfg: DictConfig | None) -> str | None:
-    """The checkpoint ``ckpt_path`` names (see the module docstring), checked to be complete:
-    :func:`arlopti.resume.resolve_ckpt_path` with this run's directories read from ``cfg``
-    (``paths.output_dir``, ``paths.log_dir``, ``task_name``, ``run_name``; only for ``auto`` and
-    ``last``, so an explicit path needs no config)."""
-    from arlopti.resume import resolve_ckpt_path as resolve
-
-    if ckpt_path not in ("auto", "last"):
-        return resolve(ckpt_path)
+def run_dirs(cfg: DictConfig | None) -> dict:
+    """This run's directories, as :func:`arlopti.resume.resolve_ckpt_path` takes them, read from
+    ``cfg`` (``paths.output_dir``, ``paths.log_dir``, ``task_name``, ``run_name``); ``{}`` without a
+    config (an explicit path needs none). ``output_dir`` is None without a Hydra runtime."""
+    if cfg is None:
+        return {}
     try:
         output_dir = cfg.paths.output_dir
     except Exception:  # output_dir needs a Hydra runtime
         output_dir = None
-    return resolve(ckpt_path, output_dir=output_dir, log_dir=cfg.paths.log_dir, task_name=cfg.task_name,
-                   run_name=cfg.run_name)
+    return dict(output_dir=output_dir, log_dir=cfg.paths.log_dir, task_name=cfg.task_name, run_name=cfg.run_name)
 
 
-def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False, data: dict | None = None) -> None:
-    """Refuse a checkpoint whose saved run config differs from ``run`` (lists every differing key),
-    or whose saved data identity (``hyper_parameters.data``, :func:`data_signature`) differs from
-    ``data``: resuming K&K weights and sampler state for math training is a mismatch too. A
-    checkpoint saved before the data identity was recorded is resumed with a warning."""
-    from dataclasses import asdict
-
-    from arlopti.callbacks.checkpointing import config_mismatches, load_checkpoint_metadata
-
-    meta = load_checkpoint_metadata(ckpt)
-    hparams = meta.get("hyper_parameters") or {}
-    saved = hparams.get("run")
-    if saved is None:
-        raise ConfigError(f"checkpoint {ckpt} has no saved run config (hyper_parameters.run): not an arlopti "
-                          "training checkpoint")
-    # an older checkpoint: keys removed since are ignored, keys added since compare as their default
-    diffs = config_mismatches(saved_run_as_current(saved), asdict(run))
-    if data is not None:
-        saved_data = hparams.get("data")
-        if saved_data is None:
-            log.warning("checkpoint %s records no data config (saved before it was recorded): cannot check that "
-                        "it was trained on the same data (%s)", ckpt, data.get("_target_"))
-        else:
-            diffs += config_mismatches({"data": dict(saved_data)}, {"data": dict(data)})
-    if not diffs:
-        return
-    listing = "\n  ".join(diffs)
-    if allow_mismatch:
-        log.warning("resuming from %s with a different config (allow_config_mismatch=true):\n  %s", ckpt, listing)
-        return
-    raise ConfigError(f"checkpoint {ckpt} was saved with a different config:\n  {listing}\n"
-                      "Resume with the same settings, or pass allow_config_mismatch=true to resume anyway "
-                      "(model.* differences will still fail to load).")
+def resume_from(cfg: DictConfig) -> str | None:
+    """The checkpoint this run resumes from (``cfg.ckpt_path`` resolved by :mod:`arlopti.resume`),
+    exported as :data:`~arlopti.resume.RESOLVED_ENV` for the ranks Lightning launches, which take
+    rank 0's answer (:func:`~arlopti.resume.inherited_answer`) rather than search again."""
+    ckpt_path = cfg.get("ckpt_path")
+    dirs = run_dirs(cfg) if ckpt_path in ("auto", "last") else {}
+    ckpt = resolve_ckpt_path(ckpt_path, **dirs, inherited=inherited_answer(os.environ))
+    if ckpt is not None:
+        os.environ[RESOLVED_ENV] = ckpt
+    return ckpt
 
 
 #: The keys of a ``data`` config that say which data a run trains on (its identity; sizes, limits
@@ -132,33 +109,6 @@ def data_signature(data_cfg) -> dict:
     return {k: (list(d[k]) if isinstance(d[k], (list, tuple)) else d[k]) for k in DATA_IDENTITY_KEYS if k in d}
 
 
-def finished_reason(ckpt: str, rollout_steps: int | None, max_epochs: int | None) -> str | None:
-    """Why a run resumed from ``ckpt`` would have nothing left to do, or None.
-
-    Done = the checkpoint's ``arlopti.rollout_step`` >= ``rollout_steps``, or its epochs >=
-    ``max_epochs`` (completed epochs, plus the current one when the checkpoint was saved on that
-    epoch's last batch, as the final save is). Lightning's stop check only runs after a step, so
-    resuming such a run would otherwise train one more step and save it.
-    """
-    from arlopti.callbacks.checkpointing import load_checkpoint_metadata
-
-    meta = load_checkpoint_metadata(ckpt)
-    step = int((meta.get("arlopti") or {}).get("rollout_step", 0))
-    if rollout_steps is not None and step >= int(rollout_steps):
-        return f"checkpoint is at rollout step {step} and rollout_steps={rollout_steps}"
-    if max_epochs is not None and int(max_epochs) >= 0:
-        fit = (meta.get("loops") or {}).get("fit_loop") or {}
-        epochs = int(((fit.get("epoch_progress") or {}).get("current") or {}).get("completed", 0))
-        batches = fit.get("epoch_loop.batch_progress") or {}
-        current = batches.get("current") or {}
-        if batches.get("is_last_batch") and current.get("processed", 0) >= max(1, current.get("ready", 0)):
-            epochs = max(epochs, int(meta.get("epoch", epochs)) + 1)
-        if epochs >= int(max_epochs):
-            return (f"checkpoint has finished {epochs} epoch(s) (rollout step {step}) and "
-                    f"trainer.max_epochs={max_epochs}")
-    return None
-
-
 def _check_strategy(trainer, module, run) -> None:
     """Start-up checks that need the built module: under FSDP2, that the decoder-layer class exists."""
     from lightning.pytorch.strategies import ModelParallelStrategy
@@ -167,6 +117,20 @@ def _check_strategy(trainer, module, run) -> None:
         from arlopti.learner.sharding import decoder_layer_class
 
         decoder_layer_class(module.policy.hf, run.model.decoder_layer_class)
+
+
+def attach_rollout_callback(trainer: L.Trainer, group_size: int, task_options: dict) -> None:
+    """Give ``trainer`` the :class:`~arlopti.callbacks.rollout.RolloutCallback` the learner cannot
+    run without, unless it has one. It goes where Lightning would put a module's own callback:
+    after the other callbacks, before the checkpoint callbacks (which Lightning keeps last)."""
+    from lightning.pytorch.callbacks import Checkpoint
+
+    from arlopti.callbacks.rollout import RolloutCallback
+
+    if any(isinstance(c, RolloutCallback) for c in trainer.callbacks):
+        return
+    at = next((i for i, c in enumerate(trainer.callbacks) if isinstance(c, Checkpoint)), len(trainer.callbacks))
+    trainer.callbacks.insert(at, RolloutCallback(group_size=group_size, task_kwargs=dict(task_options)))
 
 
 def build(cfg: DictConfig):
@@ -188,7 +152,7 @@ def build(cfg: DictConfig):
     validate_once(run, int(trainer.num_devices) * int(trainer.num_nodes))
     log.info("algorithm: %s (algorithm.ar_alpha=%s, algorithm.lopti.enabled=%s)", run.algorithm.label,
              run.algorithm.ar_alpha, run.algorithm.lopti.enabled)
-    from arlopti.learner.lora import hydra_choice, note_fidelity
+    from arlopti.lora import hydra_choice, note_fidelity
 
     note_fidelity(run.model.lora, hydra_choice("fidelity"))  # LoRA + fidelity=official: allowed, noted
     task_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
@@ -201,6 +165,7 @@ def build(cfg: DictConfig):
     module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"),
                         task_options=task_options, data_signature=data_signature(cfg.get("data")))
     _check_strategy(trainer, module, run)
+    attach_rollout_callback(trainer, run.sizes.group_size, task_options)
     return trainer, module, datamodule
 
 
@@ -213,7 +178,7 @@ def train(cfg: DictConfig) -> dict:
     from arlopti.utils.console import quiet_console
 
     quiet_console()  # Lightning's lines once (Hydra's console + train.log), no adverts (arlopti/utils/console.py)
-    ckpt = resolve_ckpt_path(cfg.get("ckpt_path"), cfg)
+    ckpt = resume_from(cfg)
     if ckpt is not None:
         reason = finished_reason(ckpt, cfg.get("rollout_steps"), (cfg.get("trainer") or {}).get("max_epochs"))
         if reason is not None:
@@ -230,5 +195,5 @@ def train(cfg: DictConfig) -> dict:
     return {"summary": summary, "trainer": trainer, "module": module}
 
 
-__all__ = ["ConfigError", "build", "check_resume_compatible", "data_signature", "finished_reason",
-           "resolve_ckpt_path", "run_config", "train"]
+__all__ = ["ConfigError", "attach_rollout_callback", "build", "data_signature", "resume_from", "run_config",
+           "run_dirs", "train"]

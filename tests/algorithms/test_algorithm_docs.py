@@ -44,7 +44,7 @@ def test_rloo_group_of_one_is_zero_here_and_its_score_in_verl():
 def test_mis_weights_a_kept_token_by_one_where_trl_token_mask_weights_by_the_ratio():
     d = torch.tensor([[math.log(1.5), math.log(0.8), math.log(3.0)]])  # w = 1.5, 0.8, 3
     old, engine, mask = d, torch.zeros_like(d), torch.ones_like(d)
-    ours = correction_weights(old, engine, mask, mode="mis", mis_low=0.5, mis_high=2.0)
+    ours = correction_weights(old, engine, mask, mode="mis", cap=2.0, mis_low=0.5, mis_high=2.0)
     w = torch.exp(d)
     trl = torch.where((w >= 0.5) & (w <= 2.0), w, torch.zeros_like(w))  # token_mask, restated on the same band
     assert ours.tolist() == [[1.0, 1.0, 0.0]]
@@ -56,11 +56,11 @@ def test_gspo_log_ratio_clamp_changes_the_sequence_ratio_beyond_20():
     old = torch.zeros(1, 2)
     logp = torch.tensor([[25.0, -10.0]])  # token log-ratios [25, -10] (values, not probabilities)
     adv, mask = -torch.ones(1, 2), torch.ones(1, 2)
-    loss, ind = gspo_loss(logp, old, adv, mask)
+    loss, ind = gspo_loss(logp, old, adv, mask, 3e-4, 4e-4, None)  # configs/algorithm/gspo.yaml
     verl_log_s = min(((25.0 - 10.0) / 2), 10.0)  # compute_policy_loss_gspo, restated: no per-token clamp
     assert ind["ratio"][0, 0].item() == pytest.approx(math.exp(5.0), rel=1e-5)  # 148.4
     assert math.exp(verl_log_s) == pytest.approx(1808.04, rel=1e-5)
     assert loss[0, 0].item() == pytest.approx(148.41, rel=1e-4)  # A = -1: the loss is s_i
     # within ±20 the clamp changes nothing
-    loss_in, ind_in = gspo_loss(torch.tensor([[15.0, -10.0]]), old, adv, mask)
+    loss_in, ind_in = gspo_loss(torch.tensor([[15.0, -10.0]]), old, adv, mask, 3e-4, 4e-4, None)
     assert ind_in["ratio"][0, 0].item() == pytest.approx(math.exp(2.5), rel=1e-5)

@@ -11,15 +11,17 @@ garbage (an engine NaN, a "log-prob" of 7) that must not reach any weight or met
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from arlopti.algorithms.mismatch import METRIC_NAMES, correction_weights, mismatch_metrics
+from arlopti.algorithms import mismatch
+from arlopti.algorithms.mismatch import METRIC_NAMES, mismatch_metrics
 from arlopti.algorithms.registry import ROLLOUT_CORRECTIONS
 from arlopti.algorithms.buckets import BUCKET_NAMES
-from arlopti.config import ConfigError, RolloutCorrectionConfig
+from arlopti.config import ConfigError, RolloutCorrectionConfig, field_choices
 
 L = math.log
 B0, B1, B2, B3 = BUCKET_NAMES
@@ -33,13 +35,22 @@ def example():
     return old, engine, mask
 
 
+def correction_weights(old, engine, mask, mode, **values):
+    """:func:`mismatch.correction_weights` with the schema's defaults for the values a case leaves out
+    (the function itself has none: they exist once, in RolloutCorrectionConfig)."""
+    rc = dataclasses.replace(RolloutCorrectionConfig(), **values)
+    return mismatch.correction_weights(old, engine, mask, mode, rc.cap, rc.mis_low, rc.mis_high)
+
+
 def close(actual, expected):
     assert torch.allclose(actual, torch.tensor(expected, dtype=actual.dtype), atol=1e-6), (actual, expected)
 
 
 def test_the_registry_holds_exactly_the_config_modes():
-    choices = dict(RolloutCorrectionConfig.__dataclass_fields__["mode"].metadata["choices"])
+    choices = field_choices(RolloutCorrectionConfig.__dataclass_fields__["mode"])
     assert ROLLOUT_CORRECTIONS.names() == sorted(choices)
+    assert list(choices) == ["none", "tis", "mis", "seq_tis"]  # registration order, each with its note
+    assert choices["mis"] == "token masking (IcePop): tokens with w_t outside [mis_low, mis_high] leave the loss"
 
 
 def test_none_is_one_on_valid_tokens(example):
@@ -112,7 +123,7 @@ def test_bad_settings_are_config_errors(example):
         correction_weights(*example, mode="icepop")
     with pytest.raises(ConfigError, match="cap=0"):
         correction_weights(*example, mode="tis", cap=0.0)
-    with pytest.raises(ConfigError, match="mis_low <= mis_high"):
+    with pytest.raises(ConfigError, match="mis_low < mis_high"):
         correction_weights(*example, mode="mis", mis_low=2.0, mis_high=0.5)
     old, engine, mask = example
     with pytest.raises(ValueError, match="same \\[B, T\\]"):

@@ -17,10 +17,13 @@ LOGP = OLD + torch.log(RATIO)
 # Per token: -1.1 (unclipped), -1.24 (clip high: A>0, ratio>1.24), 0.8 (clip low: A<0, ratio<0.8),
 # 10 (dual-clip: -A*ratio = 20 capped at -A*c = 10), 0 (A = 0).
 PER_TOKEN = torch.tensor([[-1.1, -1.24, 0.0], [0.8, 10.0, 0.0]])
+# the settings PER_TOKEN is computed with (the schema's defaults; the functions have none of their own)
+PPO = {"clip_low": 0.2, "clip_high": 0.24, "dual_clip": 10.0, "name": "ppo_clip"}
+GSPO = {"clip_low": 3e-4, "clip_high": 4e-4, "dual_clip": None}  # configs/algorithm/gspo.yaml
 
 
 def test_per_token_values_and_indicators():
-    loss, ind = per_token_policy_loss(LOGP, OLD, ADV, 0.2, 0.24, 10.0)
+    loss, ind = per_token_policy_loss(LOGP, OLD, ADV, 0.2, 0.24, 10.0, name="ppo_clip")
     torch.testing.assert_close(loss, PER_TOKEN, rtol=0, atol=1e-5)
     assert ind["clip_high"].tolist() == [[False, True, False], [False, False, False]]
     assert ind["clip_low"].tolist() == [[False, False, False], [True, False, False]]
@@ -34,7 +37,7 @@ def test_per_token_values_and_indicators():
     ("seq-mean-token-sum-norm", (-1.1 - 1.24 + 0.8 + 10.0) / (2 * 3)),
 ])
 def test_aggregation_modes(agg, expected):
-    loss, m = policy_loss(LOGP, OLD, ADV, MASK, 0.2, 0.24, 10.0, agg=agg)
+    loss, m = policy_loss(LOGP, OLD, ADV, MASK, 0.2, 0.24, 10.0, agg=agg, name="ppo_clip")
     assert loss.item() == pytest.approx(expected, abs=1e-5)
     assert m["clip_frac_high"] == pytest.approx(1 / 5)
     assert m["clip_frac_low"] == pytest.approx(1 / 5)
@@ -50,21 +53,21 @@ def test_scale_and_horizon_override_denominators():
 
 
 def test_no_dual_clip_when_disabled():
-    loss, _ = per_token_policy_loss(LOGP, OLD, ADV, 0.2, 0.24, None)
+    loss, _ = per_token_policy_loss(LOGP, OLD, ADV, 0.2, 0.24, None, name="ppo_clip")
     assert loss[1, 1].item() == pytest.approx(20.0, rel=1e-5)
     with pytest.raises(ValueError, match="dual_clip"):
-        per_token_policy_loss(LOGP, OLD, ADV, 0.2, 0.24, 0.5)
+        per_token_policy_loss(LOGP, OLD, ADV, 0.2, 0.24, 0.5, name="ppo_clip")
 
 
 def test_approx_kl_is_mean_old_minus_new():
-    _, m = policy_loss(LOGP, OLD, ADV, MASK)
+    _, m = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean", **PPO)
     expected = (-(torch.log(RATIO)) * MASK).sum() / MASK.sum()
     assert m["approx_kl"] == pytest.approx(expected.item(), abs=1e-6)
 
 
 def test_gradient_is_minus_advantage_times_ratio_where_unclipped():
     logp = LOGP.clone().requires_grad_()
-    loss, _ = policy_loss(logp, OLD, ADV, MASK, agg="token-mean")
+    loss, _ = policy_loss(logp, OLD, ADV, MASK, agg="token-mean", **PPO)
     loss.backward()
     n = MASK.sum()
     expected = torch.tensor([[-1.1, 0.0, 0.0], [0.0, 0.0, 0.0]]) / n  # clipped tokens: no gradient
@@ -74,7 +77,7 @@ def test_gradient_is_minus_advantage_times_ratio_where_unclipped():
 def test_ppo_ratio_one_means_vanilla_pg():
     logp = torch.randn(3, 4).requires_grad_()
     adv = torch.randn(3, 4)
-    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(3, 4))
+    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(3, 4), agg="token-mean", **PPO)
     loss.backward()
     torch.testing.assert_close(logp.grad, -adv / 12)
     assert math.isclose(loss.item(), -adv.mean().item(), rel_tol=1e-5, abs_tol=1e-6)
@@ -93,7 +96,7 @@ def test_gspo_sequence_ratio_value_and_gradient_by_hand():
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     adv = torch.tensor([[-1.0, -1.0, 0.0]])
     s = math.exp(-0.1)
-    loss, ind = gspo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)  # |log s| inside the clip
+    loss, ind = gspo_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=None)  # |log s| inside the clip
     assert torch.allclose(loss[0, :2], torch.tensor([s, s]))
     assert torch.allclose(ind["ratio"][0, :2], torch.tensor([s, s]))
     aggregate(loss, mask, "seq-mean-token-mean").backward()
@@ -104,7 +107,7 @@ def test_gspo_sequence_ratio_value_and_gradient_by_hand():
 def test_gspo_clips_on_the_sequence_ratio():
     old = torch.zeros(1, 2)
     logp = torch.tensor([[0.4, 0.0]], requires_grad=True)  # log s = 0.2: s = 1.221 > 1 + 4e-4
-    loss, ind = gspo_loss(logp, old, torch.ones(1, 2), torch.ones(1, 2))
+    loss, ind = gspo_loss(logp, old, torch.ones(1, 2), torch.ones(1, 2), **GSPO)
     assert torch.allclose(loss, torch.full((1, 2), -(1 + 4e-4)))
     assert ind["clip_high"].all()
     loss.sum().backward()
@@ -126,7 +129,7 @@ def test_gspo_equals_verls_formula():
     logp = old + 0.01 * torch.randn(4, 6, generator=g)
     adv = torch.randn(4, 1, generator=g).expand(4, 6).clone()
     mask = (torch.rand(4, 6, generator=g) > 0.2).float()
-    ours, _ = gspo_loss(logp, old, adv, mask, 3e-4, 4e-4)
+    ours, _ = gspo_loss(logp, old, adv, mask, **GSPO)
     assert torch.allclose(ours, _verl_gspo(old, logp, adv, mask, 3e-4, 4e-4))
 
 
@@ -134,7 +137,7 @@ def test_cispo_value_and_gradient_keep_clipped_tokens():
     old = torch.zeros(1, 3)
     logp = torch.log(torch.tensor([[1.1, 1.5, 0.5]])).requires_grad_()  # ratios (old = 0)
     adv = torch.tensor([[1.0, 1.0, -1.0]])
-    loss, ind = cispo_loss(logp, old, adv, clip_low=0.2, clip_high=0.28)
+    loss, ind = cispo_loss(logp, old, adv, None, clip_low=0.2, clip_high=0.28, dual_clip=None)
     w = torch.tensor([[1.1, 1.28, 0.8]])  # clipped weights
     assert torch.allclose(loss, -w * adv * logp.detach())
     assert ind["clip_high"].tolist() == [[False, True, False]] and ind["clip_low"].tolist() == [[False, False, True]]
@@ -165,8 +168,8 @@ def test_a_lopti_phase_leaves_the_other_phases_tokens_without_gradient(name):
 
 def test_the_correction_weight_multiplies_each_tokens_loss():
     w = torch.tensor([[0.5, 2.0, 1.0], [0.0, 1.0, 1.0]])
-    plain, _ = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean")
-    weighted, _ = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean", token_weight=w)
+    plain, _ = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean", **PPO)
+    weighted, _ = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean", token_weight=w, **PPO)
     assert float(weighted) == pytest.approx(float((PER_TOKEN * w * MASK).sum() / MASK.sum()))
     assert float(plain) == pytest.approx(float((PER_TOKEN * MASK).sum() / MASK.sum()))
 
@@ -184,7 +187,7 @@ def test_kl_in_reward_leaves_the_kl_out_of_the_loss_but_measures_it():
 
 def test_losses_without_dual_clip_refuse_one():
     with pytest.raises(ValueError, match="dual_clip=null"):
-        gspo_loss(LOGP, OLD, ADV, MASK, dual_clip=10.0)
+        gspo_loss(LOGP, OLD, ADV, MASK, 3e-4, 4e-4, dual_clip=10.0)
 
 
 def test_unknown_loss_and_impossible_combinations_are_config_errors():

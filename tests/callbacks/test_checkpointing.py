@@ -37,7 +37,8 @@ import numpy as np
 import pytest
 import torch
 
-from arlopti.callbacks.checkpointing import RolloutCheckpoint, config_mismatches, load_checkpoint_metadata
+from arlopti.callbacks.checkpointing import RolloutCheckpoint
+from arlopti.resume import config_mismatches, load_checkpoint_metadata
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.module import GRPOModule
 from helpers.toy import ToyDataModule, toy_trainer
@@ -174,7 +175,7 @@ def test_config_mismatch_lists_keys_and_the_override(saved_ckpt):
     from dataclasses import replace
 
     from arlopti.config import ConfigError, ModelConfig, TinyModelConfig
-    from arlopti.train import check_resume_compatible
+    from arlopti.resume import check_resume_compatible
 
     cfg = make_cfg()
     check_resume_compatible(str(saved_ckpt), cfg)  # the same config passes

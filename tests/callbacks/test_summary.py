@@ -58,3 +58,17 @@ def test_reward_err_row_only_when_calls_failed(capsys, tmp_path):
         cb.history = [{"reward/mean": 0.0, "reward/error": errors, "reward/timeout": 0.0}] * 2
         cb.on_fit_end(trainer, module)
         assert ("reward_err" in capsys.readouterr().out) is shown
+
+
+def test_validation_rows_are_the_correctness_metrics_only(capsys, tmp_path):
+    evals = [{"rollout_step": s, "val/kk/mean/greedy/acc": a, "val/math/aime/t1/avg@16": a, "val/math/aime/t1/pass@16": a,
+              "val/kk/mean/greedy/reward": a, "val/kk/mean/greedy/format_rate": a, "val/kk/mean/sets": 2.0,
+              "val/math/accuracy_notes/t1/reward": a} for s, a in ((0, 0.1), (4, 0.5))]
+    module = SimpleNamespace(rollout_step=4, _trainer=None, eval_results=evals)
+    TrainingSummary(out_file=str(tmp_path / "summary.json")).on_fit_end(
+        SimpleNamespace(loggers=[], default_root_dir=str(tmp_path)), module)
+    out = capsys.readouterr().out
+    for shown in ("greedy/acc", "avg@16", "pass@16"):
+        assert shown in out
+    for hidden in ("greedy/reward", "format_rate", "mean/sets", "accuracy_notes"):
+        assert hidden not in out

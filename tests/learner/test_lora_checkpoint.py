@@ -11,7 +11,8 @@ import lightning.pytorch as L
 import pytest
 import torch
 
-from arlopti.callbacks.checkpointing import RolloutCheckpoint, load_checkpoint_metadata
+from arlopti.callbacks.checkpointing import RolloutCheckpoint
+from arlopti.resume import load_checkpoint_metadata
 from arlopti.config import (AlgorithmConfig, ConfigError, LoraConfig, ModelConfig, OptimConfig, RolloutConfig,
                             RunConfig, SizesConfig, TinyModelConfig)
 from arlopti.learner.module import GRPOModule

@@ -66,25 +66,27 @@ def test_lopti_takes_twice_the_optimizer_steps_of_grpo(tiny_tokenizer):
     assert steps == {"grpo": 4, "lopti": 8}
 
 
-def test_step_order_batch_vs_minibatch_granularity(tiny_tokenizer, monkeypatch):
-    order = []
-    original = GRPOModule._update
+@pytest.mark.parametrize("lopti, expected", [
+    (LoptiConfig(enabled=True, eta=ETA), [("low", 0), ("low", 4), ("high", 0), ("high", 4)]),
+    (LoptiConfig(enabled=True, eta=ETA, granularity="minibatch"), [("low", 0), ("high", 0), ("low", 4), ("high", 4)]),
+    (LoptiConfig(enabled=True, eta=ETA, reverse=True), [("high", 0), ("high", 4), ("low", 0), ("low", 4)]),
+], ids=["batch", "minibatch", "reverse"])
+def test_the_learner_takes_one_step_per_entry_of_its_plan(lopti, expected, tiny_tokenizer, monkeypatch):
+    """The plan comes from ``step_order`` (tests/algorithms/test_plan.py checks it) with the config's
+    granularity and order, and the learner takes exactly one optimizer step per entry."""
+    import arlopti.learner.module as mod
+    from arlopti.algorithms.plan import step_order
 
-    def spy(self, exp, phase, rows, *a, **k):
-        order.append((phase, rows[0]))
-        return original(self, exp, phase, rows, *a, **k)
+    plans = []
 
-    monkeypatch.setattr(GRPOModule, "_update", spy)
-    fit(make_cfg(ALGOS["lopti"]), tiny_tokenizer)
-    assert order == [("low", 0), ("low", 4), ("high", 0), ("high", 4)]
-    order.clear()
-    algo = AlgorithmConfig(lopti=LoptiConfig(enabled=True, eta=ETA, granularity="minibatch"))
-    fit(make_cfg(algo), tiny_tokenizer)
-    assert order == [("low", 0), ("high", 0), ("low", 4), ("high", 4)]
-    order.clear()
-    algo = AlgorithmConfig(lopti=LoptiConfig(enabled=True, eta=ETA, reverse=True))
-    fit(make_cfg(algo), tiny_tokenizer)
-    assert [p for p, _ in order] == ["high", "high", "low", "low"]
+    def recording(*a, **k):
+        plans.append(step_order(*a, **k))
+        return plans[-1]
+
+    monkeypatch.setattr(mod, "step_order", recording)
+    module = fit(make_cfg(AlgorithmConfig(lopti=lopti)), tiny_tokenizer)
+    assert len(plans) == 1 and [(phase, rows[0]) for phase, rows in plans[0]] == expected
+    assert module.trainer.global_step == len(plans[0])
 
 
 def test_empty_phase_takes_no_step(tiny_tokenizer):

@@ -8,14 +8,12 @@ The reference is a restatement of TRL's order (``trl/trainer/grpo_trainer.py``,
 affects the loss and nothing before it.
 """
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 
 from arlopti.config import AlgorithmConfig, DapoConfig
 from arlopti.learner.experience import Experience, without_truncated
-from arlopti.learner.module import GRPOModule, _Targets
+from arlopti.learner.targets import token_advantages
 
 
 def _trl_order(rewards: list[float], truncated: list[bool], eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,11 +31,9 @@ def _group(mask_truncated: bool):
                      response_mask=mask, prompt_len=2, rewards=torch.tensor([-1.0, 1.0, 0.0, 1.0]),
                      group_ids=torch.zeros(4, dtype=torch.long), truncated=torch.tensor([True, False, False, False]),
                      correct=torch.tensor([False, True, False, True]))
-    cfg = SimpleNamespace(algorithm=AlgorithmConfig(kl_coef=0.0, dapo=DapoConfig(mask_truncated=mask_truncated)))
-    learner = SimpleNamespace(cfg=cfg, _sum_over_ranks=lambda t: t)
+    algo = AlgorithmConfig(kl_coef=0.0, dapo=DapoConfig(mask_truncated=mask_truncated))
     loss_exp = without_truncated(exp) if mask_truncated else exp  # training_step's line
-    targets = _Targets(old=torch.zeros(4, 3), ref=None, adv_raw=torch.zeros(4, 3))
-    return GRPOModule._advantages(learner, exp, targets, loss_mask=loss_exp.response_mask), loss_exp
+    return token_advantages(exp, torch.zeros(4, 3), None, loss_exp.response_mask, algo, lambda t: t), loss_exp
 
 
 def test_truncated_reward_enters_the_group_statistics_and_leaves_the_loss():

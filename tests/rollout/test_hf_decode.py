@@ -106,12 +106,9 @@ def test_unknown_decoder_names_the_key(tiny_model, tiny_tokenizer):
 
 @pytest.mark.parametrize("decoder", ["loop", "generate"])
 def test_the_config_key_reaches_the_engine(decoder, tiny_model, tiny_tokenizer):
-    from types import SimpleNamespace
-
-    from arlopti.callbacks.rollout import build_engine
     from arlopti.config import RolloutConfig
+    from arlopti.rollout.factory import build_engine
 
-    module = SimpleNamespace(policy=tiny_model, tokenizer=tiny_tokenizer)  # what build_engine reads
-    engine = build_engine(RolloutConfig(hf_decoder=decoder), module)
+    engine = build_engine(RolloutConfig(hf_decoder=decoder), tiny_model, tiny_tokenizer)
     assert isinstance(engine, HFEngine) and engine.decoder == decoder
 

@@ -59,6 +59,7 @@ def rollout(policy, tok, sampling: SamplingConfig):
 def test_hf_engine_logprobs_equal_the_trainers_in_fp32(policy_and_tok, capsys):
     from arlopti.algorithms.mismatch import correction_weights
     from arlopti.algorithms.buckets import BUCKET_NAMES
+    from arlopti.config import RolloutCorrectionConfig
     from arlopti.learner.mismatch_metrics import add_mismatch_metrics
     from arlopti.learner.step_metrics import MetricSet
 
@@ -79,7 +80,8 @@ def test_hf_engine_logprobs_equal_the_trainers_in_fp32(policy_and_tok, capsys):
     assert 0.0 <= m["mismatch/k3_kl"] < TOL ** 2
     assert sum(m[f"mismatch/tokens/{b}"] > 0 for b in BUCKET_NAMES) >= 3, "the scaled model should spread p"
     for mode in ("tis", "mis", "seq_tis"):
-        w = correction_weights(old, engine, mask, mode)[mask.bool()]
+        rc = RolloutCorrectionConfig(mode=mode)
+        w = correction_weights(old, engine, mask, rc.mode, rc.cap, rc.mis_low, rc.mis_high)[mask.bool()]
         assert torch.allclose(w, torch.ones_like(w), atol=1e-3), mode
 
 

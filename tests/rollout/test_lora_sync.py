@@ -16,7 +16,7 @@ import torch
 
 from arlopti.config import LoraConfig
 from arlopti.learner.experience import build_experience
-from arlopti.learner.lora import adapters_disabled, apply_lora, base_model_of
+from arlopti.lora import adapters_disabled, apply_lora, base_model_of
 from arlopti.learner.policy import PolicyLM
 from arlopti.models import build_tiny_model
 from arlopti.rollout.engine import SamplingConfig

@@ -23,7 +23,7 @@ def tok():
 
 
 def test_engine_config_drops_only_the_attention_changing_keys():
-    from arlopti.rollout.vllm import engine_config
+    from arlopti.rollout.vllm_startup import engine_config
 
     cfg = {"model_type": "qwen2", "max_position_embeddings": 1010000, "sliding_window": 32768,
            "dual_chunk_attention_config": {"chunk_size": 262144}}

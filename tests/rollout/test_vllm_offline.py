@@ -93,10 +93,8 @@ def test_seeded_requests_are_one_per_sample(tok):
 
 
 def test_bad_settings_are_refused(tok):
-    from arlopti.rollout.vllm import derive_max_model_len, resolve_dtype
+    from arlopti.rollout.vllm_startup import derive_max_model_len, resolve_dtype
 
-    with pytest.raises(ValueError, match="rollout.sleep_level=3"):
-        _fake_engine(tok, sleep_level=3)
     with pytest.raises(ValueError, match="rollout.dtype='fp8'"):
         resolve_dtype("fp8", torch.float32)
     assert resolve_dtype(None, torch.bfloat16) == torch.bfloat16
@@ -109,19 +107,23 @@ def test_bad_settings_are_refused(tok):
 def test_missing_vllm_says_how_to_install(monkeypatch, tok):
     from arlopti.learner.policy import PolicyLM
     from arlopti.models import TinySpec, build_tiny_model
-    from arlopti.callbacks.rollout import build_engine
+    from arlopti.callbacks.rollout import engine_for
+    from arlopti.config import RunConfig
+    from arlopti.rollout.factory import build_engine
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     module = SimpleNamespace(policy=PolicyLM(build_tiny_model(tok, TinySpec(num_heads=2, num_kv_heads=1))),
-                             tokenizer=tok)
-    # the path train.py takes for rollout=vllm (RolloutCallback.setup -> build_engine)
-    with pytest.raises(ImportError, match=r'rollout.backend=vllm needs vLLM.*pip install -e "\.\[cpu\]".*'
-                                          r'"\.\[gpu\]".*make install'):
-        build_engine(RolloutConfig(backend="vllm"), module)
+                             tokenizer=tok, cfg=RunConfig(rollout=RolloutConfig(backend="vllm")))
+    trainer = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    match = r'rollout.backend=vllm needs vLLM.*pip install -e "\.\[cpu\]".*"\.\[gpu\]".*make install'
+    with pytest.raises(ImportError, match=match):  # the path train.py takes (RolloutCallback.setup -> engine_for)
+        engine_for(trainer, module)
+    with pytest.raises(ImportError, match=match):  # the path eval.py takes
+        build_engine(RolloutConfig(backend="vllm"), module.policy, tok)
 
 
 def test_vllm_settings_are_checked_without_vllm():
-    from arlopti.rollout.vllm import check_vllm_config
+    from arlopti.rollout.vllm_startup import check_vllm_config
 
     check_vllm_config(RolloutConfig(backend="vllm"))
     for bad, msg in (({"sleep_level": 3}, "rollout.sleep_level=3"),
@@ -132,7 +134,7 @@ def test_vllm_settings_are_checked_without_vllm():
 
 
 def test_engine_args_follow_the_config_and_what_this_vllm_accepts():
-    from arlopti.rollout.vllm import engine_args
+    from arlopti.rollout.vllm_startup import engine_args
 
     cfg = RolloutConfig(backend="vllm", seed=3, gpu_memory_utilization=0.5)
     everything = {"logprobs_mode", "use_tqdm_on_load", "enable_sleep_mode", "log_level", "distributed_executor_backend"}

@@ -1,4 +1,4 @@
-"""Each rank's colocated vLLM engine on its own GPU (``arlopti.rollout.vllm.engine_placement``).
+"""Each rank's colocated vLLM engine on its own GPU (``arlopti.rollout.vllm_startup.engine_placement``).
 
 The rule is checked as a pure function, then end to end through ``VLLMEngine.from_policy`` on 2
 gloo ranks with vLLM's platform mocked as CUDA and ``vllm.LLM`` replaced by a stand-in that
@@ -15,7 +15,7 @@ import socket
 import pytest
 import torch
 
-from arlopti.rollout.vllm import engine_placement
+from arlopti.rollout.vllm_startup import engine_placement
 
 
 def test_cuda_with_several_ranks_uses_the_external_launcher_with_this_ranks_env():
@@ -33,7 +33,7 @@ def test_under_srun_the_engine_takes_the_trainers_gpu_not_the_global_rank(monkey
     """Second node's first GPU under ``srun``: global rank 8, ``SLURM_LOCALID=0``, no ``LOCAL_RANK``.
     The old fallback (``LOCAL_RANK``, else the global rank) gave 8: vLLM's ``local_rank <
     device_count`` assertion fails on an 8-GPU node."""
-    from arlopti.rollout import vllm as V
+    from arlopti.rollout import vllm_startup as V
 
     for k in ("LOCAL_RANK", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)

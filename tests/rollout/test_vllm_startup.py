@@ -86,15 +86,16 @@ def files_engine(policy, tok, engines):
 
 def test_the_engine_starts_on_a_config_with_dual_chunk_attention_and_drops_the_key_once(
         policy, tok, engines, monkeypatch):
-    import arlopti.rollout.vllm as V
+    import arlopti.rollout.vllm_startup as S
+    from arlopti.rollout.vllm import VLLMEngine
 
-    monkeypatch.setattr(V, "_DROPPED_LOGGED", set())
+    monkeypatch.setattr(S, "_DROPPED_LOGGED", set())
     said: list[str] = []
     # recorded at the logger itself: other tests in the process may reconfigure logging handlers
-    monkeypatch.setattr(V.log, "warning", lambda msg, *args: said.append(msg % args))
-    first = V.VLLMEngine.from_policy(policy, tok, rollout_cfg(), weights="files")
+    monkeypatch.setattr(S.log, "warning", lambda msg, *args: said.append(msg % args))
+    first = VLLMEngine.from_policy(policy, tok, rollout_cfg(), weights="files")
     engines.append(first)
-    second = V.VLLMEngine.from_policy(policy, tok, rollout_cfg(), weights="dummy")
+    second = VLLMEngine.from_policy(policy, tok, rollout_cfg(), weights="dummy")
     engines.append(second)
     for eng in (first, second):
         assert "dual_chunk_attention_config" not in json.loads(open(f"{eng.model_dir}/config.json").read())

@@ -39,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from arlopti.config.rules import check_overlong_buffer
+
 __all__ = ["GroupSelection", "has_signal", "need_more_rounds", "overlong_penalty", "select_groups"]
 
 
@@ -50,9 +52,7 @@ def overlong_penalty(lengths: Tensor, max_len: int, buffer: int, factor: float =
     """
     if buffer <= 0:
         raise ValueError(f"algorithm.dapo.overlong_buffer={buffer}: the shaping needs a buffer > 0 tokens")
-    if buffer > max_len:
-        raise ValueError(f"algorithm.dapo.overlong_buffer={buffer} exceeds rollout.max_new_tokens={max_len}: "
-                         "every response would be penalised; use a buffer <= the maximum length")
+    check_overlong_buffer(buffer, max_len)
     expected = max_len - buffer
     excess = lengths.to(torch.float32) - expected
     ramp = -excess / buffer * factor

@@ -91,7 +91,9 @@ from torch import Tensor
 
 from arlopti.algorithms.registry import ROLLOUT_CORRECTIONS
 from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index
-from arlopti.config import ConfigError
+from arlopti.config import RolloutCorrectionConfig
+from arlopti.config import rules as config_rules
+from arlopti.config.check import check_setting
 
 #: Metric names of :func:`mismatch_metrics`, each overall (``mismatch/<name>``) and per bucket
 #: (``mismatch/<name>/<b>``, ``<b>`` in :data:`arlopti.algorithms.buckets.BUCKET_NAMES`).
@@ -126,32 +128,39 @@ def _capped_exp(log_w: Tensor, cap: float) -> Tensor:
 
 @ROLLOUT_CORRECTIONS.register("none")
 def _none(d: Tensor, valid: Tensor, cap: float, mis_low: float, mis_high: float) -> Tensor:
-    """c_t = 1."""
+    """no correction (metrics only)
+
+    c_t = 1."""
     return torch.ones_like(d)
 
 
 @ROLLOUT_CORRECTIONS.register("tis")
 def _tis(d: Tensor, valid: Tensor, cap: float, mis_low: float, mis_high: float) -> Tensor:
-    """c_t = min(exp(d_t), C)."""
+    """token-level truncated IS: each token's loss times min(w_t, cap)
+
+    c_t = min(exp(d_t), C)."""
     return _capped_exp(d, cap)
 
 
 @ROLLOUT_CORRECTIONS.register("mis")
 def _mis(d: Tensor, valid: Tensor, cap: float, mis_low: float, mis_high: float) -> Tensor:
-    """c_t = 1 if mis_low ≤ exp(d_t) ≤ mis_high else 0 (exp overflows to inf: outside, never NaN)."""
+    """token masking (IcePop): tokens with w_t outside [mis_low, mis_high] leave the loss
+
+    c_t = 1 if mis_low ≤ exp(d_t) ≤ mis_high else 0 (exp overflows to inf: outside, never NaN)."""
     w = torch.exp(d)
     return ((w >= mis_low) & (w <= mis_high)).to(d.dtype)
 
 
 @ROLLOUT_CORRECTIONS.register("seq_tis")
 def _seq_tis(d: Tensor, valid: Tensor, cap: float, mis_low: float, mis_high: float) -> Tensor:
-    """c_t = exp(min(Σ_s d_s, log C)) for every t of the row (d is 0 on padding: Σ over valid tokens)."""
+    """sequence-level truncated IS: every token of a response times min(prod_t w_t, cap)
+
+    c_t = exp(min(Σ_s d_s, log C)) for every t of the row (d is 0 on padding: Σ over valid tokens)."""
     return _capped_exp(d.sum(-1, keepdim=True), cap).expand_as(d)
 
 
 def correction_weights(old_log_probs: Tensor, engine_log_probs: Tensor, response_mask: Tensor,
-                       mode: str = "none", cap: float = 2.0, mis_low: float = 0.5,
-                       mis_high: float = 2.0) -> Tensor:
+                       mode: str, cap: float, mis_low: float, mis_high: float) -> Tensor:
     """The rollout-correction weight c_t of each token, ``[B, T]`` float32, detached, 0 on padding.
 
     ``mode`` is one of :data:`ROLLOUT_CORRECTIONS` (``none | tis | mis | seq_tis``, module docstring):
@@ -161,17 +170,15 @@ def correction_weights(old_log_probs: Tensor, engine_log_probs: Tensor, response
     unchanged (a weight of 0 removes the token from the numerator only; verl's rejection mask
     removes it from the denominator as well). A NaN log-prob on a valid token gives a NaN weight
     (the learner's non-finite guard then skips the step); ±inf give the limits (0 or cap; mis 0).
-    A bad ``mode``, ``cap`` ≤ 0 or ``mis_low > mis_high`` is a :class:`~arlopti.config.ConfigError`
-    naming the key.
+    The values are ``algorithm.rollout_correction.*`` (no defaults here: they are the schema's,
+    :class:`~arlopti.config.RolloutCorrectionConfig`). A bad one is a :class:`~arlopti.config.ConfigError`
+    naming the key, from the same checks the config runs: the schema's choices and ranges
+    (:func:`~arlopti.config.check.check_setting`) and, for ``mis``, :func:`~arlopti.config.rules.check_mis_bounds`.
     """
-    if mode not in ROLLOUT_CORRECTIONS.names():
-        raise ConfigError(f"algorithm.rollout_correction.mode={mode!r}: choose one of "
-                          f"{ROLLOUT_CORRECTIONS.names()}")
-    if not cap > 0:
-        raise ConfigError(f"algorithm.rollout_correction.cap={cap} must be > 0")
-    if not 0 <= mis_low <= mis_high:
-        raise ConfigError(f"algorithm.rollout_correction: need 0 <= mis_low <= mis_high, got "
-                          f"mis_low={mis_low}, mis_high={mis_high}")
+    for name, value in (("mode", mode), ("cap", cap), ("mis_low", mis_low), ("mis_high", mis_high)):
+        check_setting(RolloutCorrectionConfig, name, value, "algorithm.rollout_correction")
+    if mode == "mis":
+        config_rules.check_mis_bounds(mis_low, mis_high)  # the config's rule itself, not a copy
     valid = response_mask.bool()
     d = log_ratio(old_log_probs, engine_log_probs, response_mask)
     w = ROLLOUT_CORRECTIONS.get(mode)(d, valid, float(cap), float(mis_low), float(mis_high))

@@ -18,15 +18,14 @@ With a token method (``cfg.token_method.name`` other than ``none``, :mod:`.token
 :class:`~.token_methods.TokenShaping` is computed from this call's own (detached) inputs and
 applied: ``A ← w·A``, the keep mask multiplies each token's policy loss (with ``token_weight``),
 per-token clip bounds replace ``clip_low``/``clip_high``, the KL term is weighted per token, and
-KL-Cov's ``κ_t·|logπ − logπ_old|`` is added under the same aggregation. Without one (or a config
-without the field, e.g. :class:`LossConfig`), the result is bit-identical to before the field existed.
+KL-Cov's ``κ_t·|logπ − logπ_old|`` is added under the same aggregation. Without one
+(``token_method.name=none``), the result is bit-identical to before the field existed.
 
 ``scale`` and ``horizon`` are forwarded to :func:`~arlopti.algorithms.aggregation.aggregate`
 (the learner passes the mini-batch-wide, all-rank count there).
 
-``cfg`` is any object with the fields of :class:`LossConfig`: the learner passes its
-``AlgorithmConfig`` itself (nothing is copied field by field); tests and analysis build a
-``LossConfig``.
+``cfg`` is the run's :class:`~arlopti.config.AlgorithmConfig` (the learner passes its own; tests and
+analysis build one, e.g. ``LossConfig(kl_coef=0.0)``): its defaults are the schema's, stated once.
 
 Metrics (all over the phase's tokens, so that phases and micro-batches combine by a
 token-weighted mean, ``tokens`` being the weight): the policy-loss metrics of
@@ -37,8 +36,6 @@ normalises the back-propagated value by.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
@@ -46,23 +43,16 @@ from arlopti.algorithms.aggregation import aggregate
 from arlopti.algorithms.kl import kl_penalty
 from arlopti.algorithms.policy_loss import policy_loss
 from arlopti.algorithms.token_methods import TokenShaping, make_context, token_shaping
+from arlopti.config import AlgorithmConfig, LoptiConfig
+from arlopti.config.check import check_setting
 
-
-@dataclass(frozen=True)
-class LossConfig:
-    clip_low: float = 0.2
-    clip_high: float = 0.24
-    dual_clip: float | None = 10.0
-    loss_agg: str = "token-mean"
-    kl_coef: float = 0.001
-    kl_estimator: str = "low_var_kl"
-    entropy_coef: float = 0.0
-    policy_loss: str = "ppo_clip"
-    kl_in: str = "loss"
+#: The objective's settings are ``algorithm.*`` themselves: ``LossConfig(kl_coef=0.0)`` is an
+#: :class:`~arlopti.config.AlgorithmConfig` with the schema's defaults elsewhere (no second copy).
+LossConfig = AlgorithmConfig
 
 
 def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
-                   phase_mask: Tensor, cfg: LossConfig, ref_log_probs: Tensor | None = None,
+                   phase_mask: Tensor, cfg: AlgorithmConfig, ref_log_probs: Tensor | None = None,
                    entropy: Tensor | None = None, scale: float | None = None, horizon: int | None = None,
                    normalize: str = "all", token_weight: Tensor | None = None,
                    base_advantages: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
@@ -70,21 +60,20 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
 
     ``base_advantages`` (the estimator's, before AR): when given, the metrics also hold the
     effective weight per bucket (:func:`effective_weights`)."""
-    if normalize not in ("all", "phase"):
-        raise ValueError(f"algorithm.lopti.normalize={normalize!r}: use 'all' (official) or 'phase'")
+    check_setting(LoptiConfig, "normalize", normalize, "algorithm.lopti")  # the schema's choices, not a copy
     phase_mask = phase_mask.to(log_probs.dtype)
     denom_mask = response_mask.to(log_probs.dtype) if normalize == "all" else phase_mask
     adv = advantages * phase_mask
-    method = getattr(cfg, "token_method", None)
+    method = cfg.token_method
     shaping = None
     clip_low, clip_high = cfg.clip_low, cfg.clip_high
-    if method is not None and method.name != "none":
+    if method.name != "none":
         shaping = token_shaping(make_context(log_probs, old_log_probs, adv, response_mask, phase_mask, entropy,
                                              cfg.clip_low, cfg.clip_high), method)
         adv, token_weight, clip_low, clip_high = _apply_shaping(shaping, adv, token_weight, clip_low, clip_high)
     loss, metrics = policy_loss(log_probs, old_log_probs, adv, denom_mask, clip_low, clip_high,
                                 cfg.dual_clip, cfg.loss_agg, scale=scale, horizon=horizon, metrics_mask=phase_mask,
-                                with_token_loss=True, name=getattr(cfg, "policy_loss", "ppo_clip"),
+                                with_token_loss=True, name=cfg.policy_loss,
                                 token_weight=token_weight, ratio_mask=response_mask)
     if base_advantages is not None:
         metrics.update(effective_weights(adv, token_weight, base_advantages, old_log_probs, phase_mask))
@@ -99,7 +88,7 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
         if shaping is not None and shaping.kl_weight is not None:
             kl_tok = kl_tok * shaping.kl_weight.to(kl_tok.dtype)
         metrics["kl"] = _token_mean(kl_tok, phase_mask)
-        if getattr(cfg, "kl_in", "loss") == "loss":
+        if cfg.kl_in == "loss":
             loss = loss + cfg.kl_coef * aggregate(kl_tok, denom_mask, cfg.loss_agg, scale=scale, horizon=horizon)
             per_token += cfg.kl_coef * metrics["kl"]
     if entropy is not None:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from torch import Tensor
 
-from arlopti.algorithms.isolation import lopti_masks
+from arlopti.algorithms.isolation import Phase, phase_plan
 from arlopti.algorithms.reweighting import advantage_reweight
 
 GRANULARITIES = ("batch", "minibatch")
@@ -61,18 +61,22 @@ def phase_pass_ends(order: Sequence[tuple[str, Sequence[int]]]) -> list[bool]:
     return [i + 1 == len(order) or order[i + 1][0] != order[i][0] for i in range(len(order))]
 
 
+def token_inputs(old: Tensor, response_mask: Tensor, advantages: Tensor, ar_alpha: float, eta: float | None,
+                 reverse: bool = False) -> tuple[Tensor, dict[str, Phase]]:
+    """``(advantages after AR, {phase name: Phase})`` from ``logπ_old``: the one place that decides
+    AR ``(α·p_old + 1 − α)·A`` (when α > 0) and the phase masks
+    (:func:`~arlopti.algorithms.isolation.phase_plan`; ``p_old < η`` is ``low``). Both are per-token
+    functions of ``p_old``, so a micro-batch's slice gives the whole batch's values element for element."""
+    adv = advantage_reweight(advantages, old, ar_alpha) if ar_alpha > 0 else advantages
+    return adv, {ph.name: ph for ph in phase_plan(response_mask, old, eta, reverse)}
+
+
 def first_step_inputs(log_probs: Tensor, response_mask: Tensor, advantages: Tensor, ar_alpha: float,
                       phase: str, eta: float | None) -> tuple[Tensor, Tensor, Tensor]:
     """``(old [b, r], advantages after AR [b, r], phase mask [b, r])`` of one micro-batch, from the
-    log-probs of its own training forward taken before any update (module docstring).
-
-    ``old = detach(log_probs) · mask``; AR ``(α·p_old + 1 − α)·A`` when α > 0; the phase's
-    tokens: all valid tokens for ``"all"``, else :func:`~arlopti.algorithms.isolation.lopti_masks`
-    at ``eta`` (``p_old < η`` is ``low``).
+    log-probs of its own training forward taken before any update (module docstring):
+    ``old = detach(log_probs) · mask``, then :func:`token_inputs`.
     """
     old = log_probs.detach() * response_mask
-    adv = advantage_reweight(advantages, old, ar_alpha) if ar_alpha > 0 else advantages
-    if phase == "all":
-        return old, adv, response_mask.bool()
-    low, high = lopti_masks(old, response_mask, eta)
-    return old, adv, (low if phase == "low" else high)
+    adv, phases = token_inputs(old, response_mask, advantages, ar_alpha, eta)
+    return old, adv, phases[phase].token_mask

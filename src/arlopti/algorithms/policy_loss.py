@@ -55,6 +55,9 @@ from torch import Tensor
 
 from arlopti.algorithms.aggregation import aggregate
 from arlopti.algorithms.registry import POLICY_LOSSES
+from arlopti.config import AlgorithmConfig
+from arlopti.config import rules as config_rules
+from arlopti.config.check import check_setting
 
 
 def _token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
@@ -62,9 +65,9 @@ def _token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None = None,
-                  clip_low: float | Tensor = 0.2, clip_high: float | Tensor = 0.24,
-                  dual_clip: float | None = 10.0) -> tuple[Tensor, dict[str, Tensor]]:
+def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None,
+                  clip_low: float | Tensor, clip_high: float | Tensor,
+                  dual_clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip with clip-higher and dual-clip (module docstring). Returns the loss ``[B, T]`` and
     boolean maps of which clip was active, the ratio and the log-ratio."""
     log_ratio = _token_log_ratio(log_probs, old_log_probs)
@@ -75,8 +78,7 @@ def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
     neg = advantages < 0
     dual_active = torch.zeros_like(neg)
     if dual_clip is not None:
-        if dual_clip <= 1.0:
-            raise ValueError(f"algorithm.dual_clip={dual_clip} must be > 1 (or null to disable)")
+        check_setting(AlgorithmConfig, "dual_clip", dual_clip, "algorithm")  # the schema's range: > 1
         cap = -advantages * dual_clip
         dual_active = neg & (loss > cap)
         loss = torch.where(neg, torch.minimum(loss, cap), loss)
@@ -85,8 +87,8 @@ def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
 
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
-              clip_low: float | Tensor = 3e-4, clip_high: float | Tensor = 4e-4,
-              dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+              clip_low: float | Tensor, clip_high: float | Tensor,
+              dual_clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO-token (module docstring). ``ratio`` in the indicators is the sequence ratio s_i."""
     _no_dual_clip("gspo", dual_clip)
     mask = response_mask.to(log_probs.dtype)
@@ -100,9 +102,9 @@ def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, resp
 
 
 @POLICY_LOSSES.register("cispo")
-def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None = None,
-               clip_low: float | Tensor = 1.0, clip_high: float | Tensor = 0.28,
-               dual_clip: float | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None,
+               clip_low: float | Tensor, clip_high: float | Tensor,
+               dual_clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (module docstring): the clipped importance weight, detached, times A times logπ."""
     _no_dual_clip("cispo", dual_clip)
     log_ratio = _token_log_ratio(log_probs, old_log_probs)
@@ -117,9 +119,7 @@ def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, res
 
 
 def _no_dual_clip(name: str, dual_clip: float | None) -> None:
-    if dual_clip is not None:
-        raise ValueError(f"algorithm.policy_loss={name} has no dual-clip: set algorithm.dual_clip=null "
-                         f"(algorithm={name} does)")
+    config_rules.check_dual_clip(name, dual_clip)  # the config's rule itself, not a copy
 
 
 def _indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, clip_high,
@@ -134,10 +134,10 @@ def _indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, 
 
 
 def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
-                          clip_low: float | Tensor = 0.2, clip_high: float | Tensor = 0.24,
-                          dual_clip: float | None = 10.0, *, name: str = "ppo_clip",
-                          response_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """The unreduced loss ``[B, T]`` of policy loss ``name`` and its indicator maps."""
+                          clip_low: float | Tensor, clip_high: float | Tensor, dual_clip: float | None, *,
+                          name: str, response_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """The unreduced loss ``[B, T]`` of policy loss ``name`` and its indicator maps. The settings
+    are ``algorithm.*``'s values (no defaults here: they exist once, in the schema)."""
     if response_mask is None:
         response_mask = torch.ones_like(log_probs)
     return POLICY_LOSSES.get(name)(log_probs, old_log_probs, advantages, response_mask, clip_low, clip_high,
@@ -145,12 +145,16 @@ def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: 
 
 
 def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
-                clip_low: float | Tensor = 0.2, clip_high: float | Tensor = 0.24, dual_clip: float | None = 10.0,
-                agg: str = "token-mean", scale: float | None = None, horizon: int | None = None,
-                metrics_mask: Tensor | None = None, with_token_loss: bool = False, *, name: str = "ppo_clip",
+                clip_low: float | Tensor, clip_high: float | Tensor, dual_clip: float | None,
+                agg: str, scale: float | None = None, horizon: int | None = None,
+                metrics_mask: Tensor | None = None, with_token_loss: bool = False, *, name: str,
                 token_weight: Tensor | None = None, ratio_mask: Tensor | None = None
                 ) -> tuple[Tensor, dict[str, float]]:
     """Aggregated loss ``name`` (module docstring) and its metrics.
+
+    ``clip_low``, ``clip_high``, ``dual_clip``, ``agg`` and ``name`` are ``algorithm.clip_low``,
+    ``clip_high``, ``dual_clip``, ``loss_agg`` and ``policy_loss`` (no defaults here: the schema's,
+    :class:`arlopti.config.AlgorithmConfig`, are the only ones).
 
     ``response_mask`` is the aggregation's mask (and its normaliser); ``ratio_mask`` (default: the
     same) the tokens GSPO's sequence ratio averages over (a response's valid tokens).

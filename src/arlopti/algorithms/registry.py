@@ -27,6 +27,11 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._fns)
 
+    def notes(self) -> dict[str, str]:
+        """name -> the first line of its function's docstring, in registration order (the config's
+        ``choices`` with their notes, so that each note is written once, at the function)."""
+        return {name: (fn.__doc__ or "").strip().split("\n", 1)[0] for name, fn in self._fns.items()}
+
 
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 KL_ESTIMATORS = Registry("KL estimator")

@@ -26,7 +26,7 @@ top-entropy threshold is gathered over ranks, ours is per micro-batch and rank (
 micro-batch per step on one rank). Clip-Cov's random choice uses a fixed-seed generator, so a
 micro-batch's selection is a deterministic function of its tensors.
 
-Composition (checked in :func:`arlopti.config._validate_algorithm`): every method composes with
+Composition (checked in :func:`arlopti.config.rules._validate_algorithm`): every method composes with
 every estimator and with AR except ``reverse`` (AR's mirror image: the two weights cancel; use
 one); with Lopti every method composes (it then acts within each phase's tokens) except
 ``top_entropy``: both are masks that decide which tokens learn, by different criteria, and the

@@ -92,6 +92,42 @@ def _dot(a: list[Tensor], b: list[Tensor]) -> float:
     return float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
 
 
+def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Tensor], idx: Tensor, optimizer: str,
+                   lr: float, micro_batch_size: int) -> dict:
+    """One method's update from the current weights (module docstring): the per-bucket gradient
+    norm shares of its first step, its phases' optimizer steps, then the direction and size of the
+    probability changes by bucket."""
+    mask, adv, p_old = batch.response_mask, batch.advantages, torch.exp(old.float())
+    first = phases[0].bool()
+    specs = {f"b{b}": LossSpec(adv_eff, (first & (idx == b)).float()) for b in range(NUM_BUCKETS)}
+    bank = loss_gradients(policy, batch, old, specs, micro_batch_size)
+    g = add_gradients(*(bank[f"b{b}"] for b in range(NUM_BUCKETS)))
+    gg = _dot(g, g)
+    norm_share = [(_dot(bank[f"b{b}"], g) / gg) if gg > 0 else None for b in range(NUM_BUCKETS)]
+    del bank
+    opt = make_optimizer(policy, optimizer, lr)
+    norms = []
+    if bool(first.any()):  # like the learner, a phase without tokens takes no step
+        norms.append(apply_gradient(policy, opt, g, None))
+    del g
+    for ph in phases[1:]:
+        if bool(ph.any()):
+            g2 = loss_gradients(policy, batch, old, {"p": LossSpec(adv_eff, ph.float())}, micro_batch_size)["p"]
+            norms.append(apply_gradient(policy, opt, g2, None))
+    new = sampled_log_probs(policy, batch, micro_batch_size)
+    pos, neg = update_direction_fractions(update_direction_counts(old, new, adv, mask))
+    dp = delta_p_stats(old, new, adv, mask)
+    trained = torch.zeros_like(mask)
+    for ph in phases:
+        trained = trained + ph.float()
+    return {"mass_share": per_bucket_dict(grad_mass_shares(p_old, adv_eff * trained, mask)),
+            "norm_share": dict(zip(BUCKET_NAMES, norm_share)),
+            "pos_frac": per_bucket_dict(pos), "neg_frac": per_bucket_dict(neg),
+            "delta_p_pos_mean": per_bucket_dict(dp["delta_p_pos_mean"]),
+            "delta_p_neg_mean": per_bucket_dict(dp["delta_p_neg_mean"]),
+            "grad_norms": norms, "first_step_grad_norm": gg ** 0.5}
+
+
 def compare_methods(policy, batch, methods: tuple[str, ...] = METHODS, alpha: float = 0.3, eta: float = 0.5,
                     optimizer: str = "sgd", lr: float = 1e-2, micro_batch_size: int = 4,
                     old_log_probs: Tensor | None = None, token_cfg: TokenMethodConfig | None = None) -> dict:
@@ -117,38 +153,8 @@ def compare_methods(policy, batch, methods: tuple[str, ...] = METHODS, alpha: fl
                 continue
             log.info("compare-methods: %s", m)
             snap.restore()
-            first = phases[0].bool()
-            specs = {f"b{b}": LossSpec(adv_eff, (first & (idx == b)).float()) for b in range(NUM_BUCKETS)}
-            bank = loss_gradients(policy, batch, old, specs, micro_batch_size)
-            g = add_gradients(*(bank[f"b{b}"] for b in range(NUM_BUCKETS)))
-            gg = _dot(g, g)
-            norm_share = [(_dot(bank[f"b{b}"], g) / gg) if gg > 0 else None for b in range(NUM_BUCKETS)]
-            del bank
-            opt = make_optimizer(policy, optimizer, lr)
-            norms = []
-            if bool(first.any()):  # like the learner, a phase without tokens takes no step
-                norms.append(apply_gradient(policy, opt, g, None))
-            del g
-            for ph in phases[1:]:
-                if bool(ph.any()):
-                    g2 = loss_gradients(policy, batch, old, {"p": LossSpec(adv_eff, ph.float())},
-                                        micro_batch_size)["p"]
-                    norms.append(apply_gradient(policy, opt, g2, None))
-            new = sampled_log_probs(policy, batch, micro_batch_size)
-            pos, neg = update_direction_fractions(update_direction_counts(old, new, adv, mask))
-            dp = delta_p_stats(old, new, adv, mask)
-            trained = torch.zeros_like(mask)
-            for ph in phases:
-                trained = trained + ph.float()
-            results[m] = {
-                "effective_weight": per_bucket_dict(bucket_means(c, p_old, mask)),
-                "mass_share": per_bucket_dict(grad_mass_shares(p_old, adv_eff * trained, mask)),
-                "norm_share": dict(zip(BUCKET_NAMES, norm_share)),
-                "pos_frac": per_bucket_dict(pos), "neg_frac": per_bucket_dict(neg),
-                "delta_p_pos_mean": per_bucket_dict(dp["delta_p_pos_mean"]),
-                "delta_p_neg_mean": per_bucket_dict(dp["delta_p_neg_mean"]),
-                "grad_norms": norms, "first_step_grad_norm": gg ** 0.5,
-            }
+            results[m] = {"effective_weight": per_bucket_dict(bucket_means(c, p_old, mask)),
+                          **_method_update(policy, batch, old, adv_eff, phases, idx, optimizer, lr, micro_batch_size)}
     finally:
         snap.restore()
     return {"optimizer": optimizer, "lr": lr, "alpha": alpha, "eta": eta,

@@ -191,7 +191,7 @@ def choose_advantages(rewards: Tensor, group_ids: Tensor, mode: str = "auto", se
 def kk_prompts(tokenizer, num_prompts: int, num_people: list[int], puzzle_seed: int,
                template: str = "qwen-instruct") -> tuple[list[list[int]], list[str], list[str], list[dict]]:
     """``num_prompts`` generated puzzles, cycling over ``num_people``: (ids, texts, gold answers, metas)."""
-    from arlopti.data.prompt_datamodule import render_prompt
+    from arlopti.data.records import render_prompt
     from arlopti.tasks.kk import build_prompt, sample_puzzles
 
     if num_prompts < 1 or not num_people:

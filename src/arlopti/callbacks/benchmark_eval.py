@@ -57,9 +57,9 @@ class BenchmarkEvalCallback(L.Callback):
     def _engine(self, trainer, pl_module):
         engine = getattr(pl_module, "rollout_engine", None)
         if engine is None:
-            from arlopti.callbacks.rollout import build_engine
+            from arlopti.callbacks.rollout import engine_for
 
-            engine = build_engine(pl_module.cfg.rollout, pl_module, trainer)
+            engine = engine_for(trainer, pl_module)
             pl_module.rollout_engine = engine
         return engine
 

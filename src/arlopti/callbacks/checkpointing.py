@@ -34,9 +34,8 @@ position (``PromptDataModule.state_dict``), the learner's counters (``rollout_st
 with ``rollout.seed`` and the rank determines every rollout seed, ``weight_version``, skip
 counts), every rank's Python/NumPy/torch RNG states, and this callback's top-k bookkeeping.
 
-Which checkpoint a run resumes from, and whether it is complete, is :mod:`arlopti.resume`;
-:func:`load_checkpoint_metadata` reads a checkpoint's non-tensor part and :func:`config_mismatches`
-lists the keys where its run config differs from this run's (see ``arlopti.train``).
+Which checkpoint a run resumes from, whether it is complete, and what its run state says (its
+non-tensor part, its run config against this run's) is :mod:`arlopti.resume`.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from arlopti.learner.guard import tensors_finite
-from arlopti.resume import LAST, META, CheckpointError, validate_checkpoint, write_manifest
+from arlopti.resume import LAST, CheckpointError, validate_checkpoint, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -351,45 +350,4 @@ def _signal_number(s) -> int:
         raise ValueError(f"callbacks.model_checkpoint.signals: unknown signal {s!r} (use e.g. SIGTERM, SIGUSR1)")
 
 
-# ---------------------------------------------------------------------------------------------
-# reading checkpoints
-# ---------------------------------------------------------------------------------------------
-
-
-def load_checkpoint_metadata(path: str | Path) -> dict:
-    """The non-tensor part of a checkpoint (hyper-parameters, counters, loop and DataModule state).
-
-    For a file this loads it memory-mapped on CPU; for a distributed folder it reads ``meta.pt``.
-    """
-    path = validate_checkpoint(path)
-    target = path / META if path.is_dir() else path
-    try:
-        return torch.load(target, map_location="cpu", mmap=target.is_file() and path.is_file(), weights_only=False)
-    except Exception as err:
-        raise CheckpointError(f"checkpoint {target} cannot be read ({type(err).__name__}: {err}); "
-                              "it may be truncated or from an incompatible version") from err
-
-
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}} -> {"a.b": 1}``; tuples become lists so a saved config compares equal."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
-def config_mismatches(saved_run: dict, run: dict) -> list[str]:
-    """Human-readable differences between a checkpoint's run config and this run's, sorted by key."""
-    a, b = flatten(saved_run), flatten(run)
-    diffs = []
-    for key in sorted(set(a) | set(b)):
-        if a.get(key, "<absent>") != b.get(key, "<absent>"):
-            diffs.append(f"{key}: checkpoint {a.get(key, '<absent>')!r}, this run {b.get(key, '<absent>')!r}")
-    return diffs
-
-
-__all__ = ["RolloutCheckpoint", "check_state_finite", "config_mismatches", "load_checkpoint_metadata", "save_atomic"]
+__all__ = ["RolloutCheckpoint", "check_state_finite", "save_atomic"]

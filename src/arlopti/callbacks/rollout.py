@@ -19,7 +19,8 @@ rank; each response then gets its own seed from (step seed, prompt, sample), see
 :func:`arlopti.rollout.hf.sample_seed`. Dynamic sampling's round ``k >= 1`` derives its own
 seed from the step seed and ``k`` (:func:`round_seed`); round 0 is the step seed itself.
 
-Dynamic sampling (DAPO §3.2; :mod:`arlopti.algorithms.dapo`), exact under data parallelism:
+Dynamic sampling (DAPO §3.2; :mod:`arlopti.algorithms.dapo`, run by
+:mod:`arlopti.algorithms.dynamic_sampling`), exact under data parallelism:
 
 * round 0 is the step's batch; round ``k >= 1`` is ``P`` more prompts over all ranks from
   :meth:`arlopti.data.prompt_datamodule.PromptDataModule.extra_batch` (a pure function of the
@@ -46,42 +47,28 @@ holds the groups trained on.
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, replace
 
 import lightning.pytorch as L
 import torch
 
-from arlopti.algorithms.dapo import has_signal, need_more_rounds, overlong_penalty, select_groups
-from arlopti.config import RolloutConfig, check_rollout_offload
+from arlopti.algorithms.dapo import overlong_penalty
+from arlopti.algorithms.dynamic_sampling import dynamic_sampling
+from arlopti.config import check_rollout_offload
 from arlopti.learner.experience import build_experience
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
+from arlopti.rollout.factory import build_engine
 from arlopti.rollout.hf import sample_seed
 from arlopti.tasks.base import RewardResult, Task, get_task
 
-log = logging.getLogger(__name__)
 
-
-def build_engine(cfg: RolloutConfig, pl_module, trainer=None) -> RolloutEngine:
-    """The engine the config names, built from the policy that ``pl_module`` holds."""
-    autocast = None
-    if trainer is not None and "bf16" in str(trainer.precision):
-        autocast = torch.bfloat16
-    if cfg.backend == "hf":
-        from arlopti.rollout.hf import HFEngine
-
-        return HFEngine(pl_module.policy, pl_module.tokenizer, cfg.generation_batch_size, autocast_dtype=autocast,
-                        decoder=cfg.hf_decoder)
-    if cfg.backend == "vllm":
-        from arlopti.rollout.vllm import VLLMEngine
-
-        if trainer is None:  # eval.py: generates at once, so load the weights now
-            return VLLMEngine.from_policy(pl_module.policy, pl_module.tokenizer, cfg)
-        # dummy weights until the first rollout's sync; the engine goes on the trainer's own GPU
-        return VLLMEngine.from_policy(pl_module.policy, pl_module.tokenizer, cfg, first_sync=False,
-                                      device=trainer.strategy.root_device)
-    raise ValueError(f"rollout.backend={cfg.backend!r}: use 'hf' or 'vllm'")
+def engine_for(trainer, pl_module) -> RolloutEngine:
+    """The training engine of ``pl_module``'s policy (:func:`arlopti.rollout.factory.build_engine`),
+    with the trainer's precision (bf16 autocast for HF) and its device (vLLM's placement)."""
+    autocast = torch.bfloat16 if "bf16" in str(trainer.precision) else None
+    return build_engine(pl_module.cfg.rollout, pl_module.policy, pl_module.tokenizer, autocast_dtype=autocast,
+                        device=trainer.strategy.root_device)
 
 
 def round_seed(base: int, rollout_step: int, rank: int, round_index: int = 0) -> int:
@@ -124,8 +111,7 @@ class RolloutCallback(L.Callback):
         offload = getattr(getattr(getattr(trainer, "strategy", None), "fsdp_options", None), "cpu_offload", False)
         check_rollout_offload(pl_module.cfg.rollout.backend, bool(offload))
         if self.engine is None:
-            self.engine = getattr(pl_module, "rollout_engine", None) or build_engine(
-                pl_module.cfg.rollout, pl_module, trainer)
+            self.engine = getattr(pl_module, "rollout_engine", None) or engine_for(trainer, pl_module)
             pl_module.rollout_engine = self.engine
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
@@ -201,72 +187,19 @@ class RolloutCallback(L.Callback):
 
     def dynamic_sampling(self, trainer, pl_module, batch, first: list[Group], timings: dict[str, float]
                          ) -> tuple[list[Group], dict[str, float]]:
-        """Rounds, selection and redistribution (module docstring). Returns this rank's groups to
-        train on and its ``sampling_stats``. Collective when distributed: every rank calls it once
-        per step and runs the same number of rounds."""
-        rank, world = trainer.global_rank, trainer.world_size
-        d = pl_module.cfg.algorithm.dapo
-        per_rank = len(first)
-        target = per_rank * world  # sizes.prompts_per_step
-        rounds = [first]
-        flags = [_gather_flags(_signal_flags(first), world)]
-        while need_more_rounds(sum(sum(f) for f in flags), target, len(rounds), d.max_gen_batches):
-            k = len(rounds)
+        """Rounds, selection and redistribution (module docstring;
+        :func:`arlopti.algorithms.dynamic_sampling.dynamic_sampling`): round ``k >= 1`` generates
+        and scores the datamodule's ``extra_batch`` with its own seed. Returns this rank's groups to
+        train on and its ``sampling_stats``. Collective when distributed."""
+        rank, d = trainer.global_rank, pl_module.cfg.algorithm.dapo
+
+        def next_round(k: int) -> list[Group]:
             extra = _datamodule_of(trainer).extra_batch(batch.position, k)
             seed = round_seed(pl_module.cfg.rollout.seed, pl_module.rollout_step, rank, k)
-            rounds.append(self.generate_and_score(extra, pl_module, seed, timings))
-            flags.append(_gather_flags(_signal_flags(rounds[-1]), world))
-        selection = select_groups(flags, target, world)
-        mine = _my_groups(rounds, selection, rank, world, per_rank)
-        local_signal = sum(sum(f[rank * per_rank:(rank + 1) * per_rank]) for f in flags)
-        kept = sum(sum(f) for f in flags)
-        if rank == 0 and (kept < target or selection.fallback):
-            log.warning("dynamic sampling: %d of %d groups carry signal after %d round(s) "
-                        "(algorithm.dapo.max_gen_batches=%d); training on %s", kept, target, len(rounds),
-                        d.max_gen_batches, "round 0's groups unfiltered" if selection.fallback
-                        else f"{len(selection.groups)} groups")
-        generated = float(len(rounds) * per_rank)
-        stats = {"gen_rounds": float(len(rounds)), "groups_generated": generated,
-                 "kept_frac": local_signal / generated, "groups_trained": float(len(mine)),
-                 "no_signal_fallback": float(selection.fallback)}
-        return mine, stats
+            return self.generate_and_score(extra, pl_module, seed, timings)
 
-
-def _signal_flags(groups: list[Group]) -> list[bool]:
-    if not groups:
-        return []
-    return has_signal(torch.tensor([[r.reward for r in g.results] for g in groups], dtype=torch.float64)).tolist()
-
-
-def _all_gather(obj, world: int) -> list:
-    """Every rank's ``obj``, in rank order (``torch.distributed.all_gather_object``; ``[obj]`` on one)."""
-    if world == 1:
-        return [obj]
-    import torch.distributed as dist
-
-    out: list = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
-
-
-def _gather_flags(local: list[bool], world: int) -> list[bool]:
-    """The round's flags of all ranks, rank 0's first: the global prompt order."""
-    return [f for part in _all_gather(local, world) for f in part]
-
-
-def _my_groups(rounds: list[list[Group]], selection, rank: int, world: int, per_rank: int) -> list[Group]:
-    """This rank's share of the selection; the groups generated elsewhere are all-gathered (only
-    those that change rank travel)."""
-    if world == 1:
-        return [rounds[k][i] for k, i in selection.groups]
-    n = len(selection.groups) // world
-    leaving = {(k, i): rounds[k][i - rank * per_rank] for j, (k, i) in enumerate(selection.groups)
-               if i // per_rank == rank and j // n != rank}
-    arrived: dict = {}
-    for part in _all_gather(leaving, world):
-        arrived.update(part)
-    return [rounds[k][i - rank * per_rank] if i // per_rank == rank else arrived[(k, i)]
-            for k, i in selection.share(rank, world)]
+        return dynamic_sampling(first, next_round, lambda g: [r.reward for r in g.results], rank=rank,
+                                world=trainer.world_size, max_gen_batches=d.max_gen_batches)
 
 
 def _datamodule_of(trainer):

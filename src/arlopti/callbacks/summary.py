@@ -18,6 +18,8 @@ from pathlib import Path
 import lightning.pytorch as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from arlopti.eval.runner import is_accuracy_key
+
 
 class TrainingSummary(L.Callback):
     KEYS = ("reward/mean", "reward/accuracy", "reward/format_ok", "rollout/response_len_mean",
@@ -79,7 +81,7 @@ class TrainingSummary(L.Callback):
             table.add_row("val at rollout step", _fmt_step(first.get("rollout_step")),
                           _fmt_step(last.get("rollout_step")))
         for key in sorted(set(first) | set(last)):
-            if key.endswith("acc") or "avg@" in key or "pass@" in key or key.endswith("accuracy"):
+            if is_accuracy_key(key):
                 table.add_row(key, _fmt(first.get(key)), _fmt(last.get(key)))
         console = Console()
         console.print(table)

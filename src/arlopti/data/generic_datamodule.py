@@ -45,7 +45,8 @@ from typing import Any
 
 import numpy as np
 
-from arlopti.data.prompt_datamodule import PromptDataModule, PromptRecord
+from arlopti.data.prompt_datamodule import PromptDataModule
+from arlopti.data.records import PromptRecord
 from arlopti.data.readers import iter_dataset_folder, iter_records
 
 log = logging.getLogger(__name__)

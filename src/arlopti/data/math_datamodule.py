@@ -17,7 +17,8 @@ import logging
 from pathlib import Path
 
 from arlopti.data.math_readers import read_math_file
-from arlopti.data.prompt_datamodule import PromptDataModule, PromptRecord
+from arlopti.data.prompt_datamodule import PromptDataModule
+from arlopti.data.records import PromptRecord
 from arlopti.tasks.math.prompts import TEMPLATES, build_prompt
 
 log = logging.getLogger(__name__)

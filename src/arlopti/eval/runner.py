@@ -28,6 +28,7 @@ can be compared item by item (:mod:`arlopti.eval.compare`). The records are this
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -92,6 +93,16 @@ def item_records(set_name: str, mode: str, samples: list[PromptSample], texts: l
                     "correct": bool(r.correct), "answer": extracted_answer(task, text), "response": text,
                     "components": {k: float(v) for k, v in r.components.items()}})
     return out
+
+
+#: The correctness metrics :func:`metrics_of` names: ``acc``, ``avg@n``, ``pass@n``.
+ACCURACY_METRIC = re.compile(r"acc|(avg|pass)@\d+")
+
+
+def is_accuracy_key(key: str) -> bool:
+    """Whether a ``val/<task>/<set>/<mode>/<metric>`` key holds one of :func:`metrics_of`'s
+    correctness metrics (not ``reward``, ``format_rate`` or ``sets``)."""
+    return ACCURACY_METRIC.fullmatch(key.rsplit("/", 1)[-1]) is not None
 
 
 def metrics_of(res: SetResult) -> dict[str, float]:

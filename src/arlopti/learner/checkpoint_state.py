@@ -4,13 +4,22 @@ never saved), checked against this policy's names and shapes on load."""
 
 from __future__ import annotations
 
+import logging
+
 from arlopti.utils.rng import gather_rng_states
 
+log = logging.getLogger(__name__)
 
-def learner_state(rollout_step: int, weight_version: int, guard_state: dict, world_size: int) -> dict:
-    """``checkpoint["arlopti"]`` (collective when ``world_size > 1``: every rank's RNG state)."""
-    return {"rollout_step": rollout_step, "weight_version": weight_version, **guard_state,
-            "world_size": world_size, "rng": gather_rng_states(world_size)}
+
+def learner_state(rollout_step: int, weight_version: int, guard_state: dict, world_size: int,
+                  lora_base: dict | None = None) -> dict:
+    """``checkpoint["arlopti"]`` (collective when ``world_size > 1``: every rank's RNG state). A LoRA
+    checkpoint holds only the adapter: ``lora_base`` names the base model it belongs to."""
+    state = {"rollout_step": rollout_step, "weight_version": weight_version, **guard_state,
+             "world_size": world_size, "rng": gather_rng_states(world_size)}
+    if lora_base is not None:
+        state["lora_base"] = lora_base
+    return state
 
 
 def drop_reference_weights(module, state_dict, prefix, local_metadata) -> None:
@@ -41,5 +50,26 @@ def check_policy_keys(state_dict: dict, policy) -> None:
 
 
 def rank_rng_state(rng: list, rank: int, world_size: int):
-    """This rank's saved RNG state, or None when the checkpoint was saved by another number of ranks."""
-    return rng[rank] if rank < len(rng) and len(rng) == world_size else None
+    """This rank's saved RNG state, or None (with a warning) when the checkpoint was saved by another
+    number of ranks."""
+    state = rng[rank] if rank < len(rng) and len(rng) == world_size else None
+    if rng and state is None:
+        log.warning("checkpoint saved by %d ranks, resuming on %d: RNG states are not restored", len(rng), world_size)
+    return state
+
+
+def load_learner_state(checkpoint: dict, policy, guard, rank: int, world_size: int,
+                       lora_base: dict | None = None) -> tuple[int, int, object]:
+    """Check that ``checkpoint`` fits ``policy`` (its keys; for a LoRA run, ``lora_base``: the base
+    model's identity), restore ``guard``, and return ``(rollout_step, weight_version, this rank's
+    RNG state or None)``."""
+    from arlopti.lora import check_base_identity
+
+    if "state_dict" in checkpoint:  # single-file checkpoints; FSDP2 folders are checked by the DCP loader
+        check_policy_keys(checkpoint["state_dict"], policy)
+    extra = checkpoint.get("arlopti", {})
+    if lora_base is not None:
+        check_base_identity(extra.get("lora_base"), lora_base, "resume")
+    guard.load_state_dict(extra)
+    rng = rank_rng_state(extra.get("rng") or [], rank, world_size)
+    return int(extra.get("rollout_step", 0)), int(extra.get("weight_version", 0)), rng

@@ -126,7 +126,7 @@ def experience_of(batch) -> Experience:
     exp: Experience | None = getattr(batch, "experience", None)
     if exp is None:
         raise RuntimeError("the batch carries no experience: the learner's RolloutCallback "
-                           "(GRPOModule.configure_callbacks) attaches it before each step")
+                           "(arlopti.train.attach_rollout_callback) attaches it before each step")
     return exp
 
 

@@ -99,3 +99,16 @@ def tensors_finite(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 def _max_abs_finite(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([n.float() for n in torch._foreach_norm(ts, math.inf)]).isfinite().all()
+
+
+def clip_global_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
+    """Clip the gradients of ``params`` (those with one) by their global norm (``max_norm=None``:
+    measure only) and return that norm: global over ranks (a DTensor norm under FSDP2 is gathered
+    to a full one; under DDP the gradients are already averaged)."""
+    params = [p for p in params if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
+    if hasattr(norm, "full_tensor"):  # DTensor under FSDP2
+        norm = norm.full_tensor()
+    return float(norm)

@@ -172,6 +172,12 @@ def _check(lengths: Sequence[int], prompt_len: int, budget: int) -> None:
         raise ValueError("response lengths must be >= 0")
 
 
+def mini_batches(n_rows: int, per_rank: int) -> list[list[int]]:
+    """This rank's mini-batches: rows ``0 … n_rows-1`` in order, ``per_rank`` at a time."""
+    rows = list(range(n_rows))
+    return [rows[i:i + per_rank] for i in range(0, n_rows, per_rank)]
+
+
 def micro_batches_of(rows: list[int], exp, size: int, budget: int | None,
                      max_over_ranks=lambda k: k) -> tuple[list[list[int]], str | None]:
     """Micro-batches (lists of indices into ``exp``) of mini-batch ``rows``, and a warning when

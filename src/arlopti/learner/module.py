@@ -22,12 +22,11 @@ attached to the batch) and does exactly this:
 Forward passes (none wasted). The no-grad passes of step 1 run longest response first in chunks
 of ``sizes.logprob_micro_batch_size`` (:func:`~arlopti.learner.policy.fill_logprobs`) under
 Lightning's precision context; β = 0 runs no reference pass. The first optimizer step runs before
-any update, so its training forward *is* ``logπ_old`` for its rows: they skip the no-grad pass,
-and their ``logπ_old``, AR weights and phase mask come from that forward
-(:func:`~arlopti.algorithms.plan.first_step_inputs`); whether that phase is empty on every rank
-is decided after its backwards. Equal to the separate pass to float rounding
-(tests/learner/test_forward_reuse.py); not under ``lopti.normalize=phase``;
-``reuse_old_logprobs = False`` switches it off.
+any update, so its training forward *is* ``logπ_old`` for its rows, which skip the no-grad pass.
+Either way the step's inputs are one immutable :class:`~arlopti.learner.targets.Targets`, built
+fresh or from the reused first forward (:mod:`arlopti.learner.targets`). Equal to the separate
+pass to float rounding (tests/learner/test_forward_reuse.py); ``reuse_old_logprobs = False``
+switches it off.
 
 Micro-batches: ``sizes.micro_batch_size`` rows, or packed under ``sizes.micro_batch_tokens``
 (:mod:`arlopti.learner.microbatch`).
@@ -61,14 +60,11 @@ GRPO groups; DDP and FSDP2 average gradients over ranks, hence the ``/ world`` i
 normaliser above. ``configure_model`` applies FSDP2 (:mod:`arlopti.learner.sharding`) when the
 strategy is a ``ModelParallelStrategy``. Every decision that changes the control flow (empty
 phase, non-finite skip) is taken on all-reduced values, so the ranks never diverge.
-Gradient clipping uses the global norm (DTensor gradients under FSDP2, already-averaged
-gradients under DDP).
 
-Metrics: every algorithm logs the same core tags per rollout step (``update/loss``, ``update/kl``,
-``update/entropy``, ``update/clip_frac_*``, ``update/grad_norm``, ``update/lr``, ``update/ratio_*``),
-combined over the step's phases and micro-batches token-weighted; Lopti adds the same per phase
-(``update/low/*``, ``update/high/*``). Each metric declares how it combines over ranks where it is
-produced (:mod:`arlopti.learner.step_metrics`). docs/metrics.md lists every tag.
+Metrics: every algorithm logs the same core ``update/*`` tags per rollout step, combined over the
+step's phases and micro-batches token-weighted; Lopti adds them per phase (``update/low/*``,
+``update/high/*``). Each declares its reduction over ranks (:mod:`arlopti.learner.step_metrics`).
+docs/metrics.md lists every tag.
 
 Counters: Lightning's ``global_step`` counts optimizer steps (so Lopti doubles it);
 ``rollout_step`` counts training steps (TensorBoard's x-axis, checkpoint cadence) and
@@ -85,36 +81,34 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import lightning.pytorch as L
 import torch
 from torch import Tensor
 
-from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, Phase, advantage_reweight, grpo_objective, kl_penalty,
-                                normaliser, phase_plan)
-from arlopti.algorithms.advantages import outcome_token_rewards
+from arlopti.algorithms import Phase, grpo_objective, normaliser
 from arlopti.algorithms.mismatch import correction_weights
-from arlopti.algorithms.plan import first_step_inputs, phase_names, phase_pass_ends, step_order
-from arlopti.config import RunConfig, validate_once
+from arlopti.algorithms.plan import phase_names, phase_pass_ends, step_order
+from arlopti.config import RunConfig, check_rollout_correction_logprobs, validate_once
 from arlopti.learner.experience import Experience, experience_of, to_device, without_truncated
-from arlopti.learner.mismatch_metrics import add_mismatch_metrics
-from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard, tensors_finite
+from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard, clip_global_norm, tensors_finite
 from arlopti.learner.optim import build_optimizer
-from arlopti.learner.microbatch import micro_batches_of
-from arlopti.learner.checkpoint_state import check_policy_keys, drop_reference_weights, learner_state, rank_rng_state
-from arlopti.learner.lora import adapters_disabled, apply_lora, check_base_identity, lora_enabled
-from arlopti.learner.policy import PolicyLM, disable_dropout, fill_logprobs
+from arlopti.learner.microbatch import micro_batches_of, mini_batches
+from arlopti.learner.checkpoint_state import drop_reference_weights, learner_state, load_learner_state
+from arlopti.lora import apply_lora, lora_enabled
+from arlopti.learner.sharding import shard_under_model_parallel
+from arlopti.learner.policy import PolicyLM, disable_dropout, old_and_ref_log_probs
 from arlopti.learner.step_logging import write_hparams, write_step
-from arlopti.learner.step_metrics import MetricSet, add_objective_metrics, padding_metrics, rollout_metrics
+from arlopti.learner.step_metrics import MetricSet, add_objective_metrics, add_step_metrics
+from arlopti.learner.targets import FirstForward, Targets, complete_targets, token_advantages
 from arlopti.models import load_causal_lm
 from arlopti.utils.rng import restore_rng_state
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GRPOModule", "NonFiniteAbort", "StepContext"]
-
-
 
 
 @dataclass
@@ -129,22 +123,10 @@ class StepContext:
     metrics: dict[str, float]
 
 
-@dataclass
-class _Targets:
-    """The per-token inputs of a rollout step's updates. ``adv``/``phases``/``empty`` are None
-    while the reused first step is still filling ``old`` from its own forward."""
-
-    old: Tensor  # [B, R] logπ_old
-    ref: Tensor | None  # [B, R] reference log-probs (β > 0)
-    adv_raw: Tensor  # [B, R] advantages before AR
-    adv: Tensor | None = None  # after AR
-    phases: dict[str, Phase] | None = None
-    empty: dict[str, bool] | None = None  # phase -> no token on any rank
-
-
 class GRPOModule(L.LightningModule):
     """See the module docstring. ``cfg`` is a validated :class:`~arlopti.config.RunConfig`;
-    ``task_options`` (the run's ``tasks`` node) go to the rollout callback it brings."""
+    ``task_options`` (the run's ``tasks`` node) are kept for the rollout callback, which
+    ``arlopti.train.attach_rollout_callback`` wires (the learner imports no callback)."""
 
     #: Take the first optimizer step's old log-probs from its own training forward (module
     #: docstring, "Forward passes"); tests switch it off to compare with the separate pass.
@@ -200,29 +182,26 @@ class GRPOModule(L.LightningModule):
         return self.trainer.world_size if self._trainer is not None else 1
 
     @property
+    def _eta(self) -> float | None:
+        """Lopti's threshold η, or None when Lopti is off (one phase over all tokens)."""
+        return self.cfg.algorithm.lopti.eta if self.cfg.algorithm.lopti.enabled else None
+
+    @property
+    def _lora_base(self) -> dict | None:
+        """A LoRA run's base-model identity (its checkpoints hold only the adapter), else None."""
+        return self.policy.hf.arlopti_base_identity if self.lora else None
+
+    @property
     def total_skips(self) -> int:
         return self.guard.total
 
     def setup(self, stage: str) -> None:
         validate_once(self.cfg, world_size=self.world)  # skipped when already validated for this world size
 
-    def configure_callbacks(self):
-        """The rollout callback the learner cannot run without (unless the trainer already has one)."""
-        from arlopti.callbacks.rollout import RolloutCallback
-
-        if self._trainer is not None and any(isinstance(c, RolloutCallback) for c in self.trainer.callbacks):
-            return []
-        return [RolloutCallback(group_size=self.cfg.sizes.group_size, task_kwargs=self.task_options)]
-
     def configure_model(self) -> None:
         """FSDP2 under a ``ModelParallelStrategy``: shard the policy and the reference. Idempotent."""
-        from lightning.pytorch.strategies import ModelParallelStrategy
-
-        if self._trainer is not None and isinstance(self.trainer.strategy, ModelParallelStrategy):
-            from arlopti.learner.sharding import shard_learner
-
-            shard_learner(self.policy, self.ref, self.trainer.strategy, self.device_mesh,
-                          self.cfg.model.decoder_layer_class)
+        if self._trainer is not None:
+            shard_under_model_parallel(self, self.trainer.strategy, self.cfg.model.decoder_layer_class)
 
     def configure_optimizers(self):
         opt, sched = build_optimizer([p for p in self.policy.parameters() if p.requires_grad], self.cfg.optim)
@@ -259,31 +238,33 @@ class GRPOModule(L.LightningModule):
         a, s = self.cfg.algorithm, self.cfg.sizes
         exp = without_truncated(sampled) if a.dapo.mask_truncated else sampled  # what the loss sees
         t0 = time.perf_counter()
-        rows = list(range(len(exp)))
-        per_rank = s.mini_batch_size // self.world
-        minis = [rows[i:i + per_rank] for i in range(0, len(rows), per_rank)]
-        names = phase_names(a.lopti.eta if a.lopti.enabled else None, a.lopti.reverse)
+        minis = mini_batches(len(exp), s.mini_batch_size // self.world)
+        names = phase_names(self._eta, a.lopti.reverse)
         order = step_order(names, minis, a.ppo_epochs, a.lopti.granularity)
-        reuse = self._reuses_first_forward()
-        # 1. old and reference log-probs (no grad); the first step's rows come from its own forward
-        targets = self._log_probs(exp, skip=set(order[0][1]) if reuse else set())
-        targets.adv_raw = self._advantages(sampled, targets, loss_mask=exp.response_mask)
+        reused = order[0][1] if self._reuses_first_forward() else []
+        # 1. old and reference log-probs (no grad); the reused first step's rows come from its own forward
+        old, ref = old_and_ref_log_probs(self.policy, self.ref, exp, set(reused), s.logprob_micro_batch_size,
+                                         self.temperature, lora_ref=self.lora and a.kl_coef > 0)
+        adv_raw = token_advantages(sampled, old, ref, exp.response_mask, a, self._sum_over_ranks)
         t_logp = time.perf_counter() - t0
-        if not reuse:
-            self._complete(targets, exp)
-        # 2. the optimizer steps, in the planned order
         micro_plan = {tuple(mb): self._micro_batches(mb, exp) for mb in minis}
         metrics = MetricSet()
-        for (phase, mb), pass_ends in zip(order, phase_pass_ends(order)):
-            if targets.empty is None or not (targets.empty[phase] and a.lopti.empty_phase == "skip"):
-                self._update(exp, phase, mb, micro_plan[tuple(mb)], targets, metrics, prefixes=_prefixes(names, phase))
+        if reused:
+            targets, first_loss = self._reused_targets(exp, old, ref, adv_raw, order[0], micro_plan, metrics, names)
+        else:
+            targets, first_loss = self._targets(exp, old, ref, adv_raw), None
+        # 2. the optimizer steps, in the planned order
+        for i, ((phase, mb), pass_ends) in enumerate(zip(order, phase_pass_ends(order))):
+            self._update(exp, phase, mb, micro_plan[tuple(mb)], targets, metrics, _prefixes(names, phase),
+                         loss=first_loss if i == 0 else None)
             if pass_ends and self.cfg.optim.scheduler_interval == "phase":
-                self.lr_schedulers().step()
+                self._step_schedule()
         # 3. metrics
         self.rollout_step += 1
         timings = {"logprobs_s": t_logp, "update_s": time.perf_counter() - t0 - t_logp, **exp.timings}
-        self._step_metrics(metrics, sampled, targets, names, micro_plan, timings,
-                           reused=len(order[0][1]) if reuse else 0)
+        add_step_metrics(metrics, sampled, targets, micro_plan, timings, reused=len(reused), ar_alpha=a.ar_alpha,
+                         lr=float(self.optimizers().param_groups[0]["lr"]), nonfinite_skips=self.guard.total,
+                         optimizer_steps=self.trainer.global_step if self._trainer else 0)
         self._finish_step(batch, sampled, targets, metrics)
         return None
 
@@ -297,86 +278,51 @@ class GRPOModule(L.LightningModule):
         kl_reward = a.kl_in == "reward" and a.kl_coef > 0
         return self.reuse_old_logprobs and not (a.lopti.enabled and a.lopti.normalize == "phase") and not kl_reward
 
-    def _advantages(self, exp: Experience, t: _Targets, loss_mask: Tensor) -> Tensor:
-        """Token advantages ``[B, R]`` before AR: the outcome reward on each response's last token,
-        minus β·KL(logπ_old, logπ_ref) per token under ``kl_in=reward``, through the configured
-        estimator (:mod:`arlopti.algorithms.advantages`; batch statistics summed over ranks).
-        ``exp`` is every sampled response: under ``dapo.mask_truncated`` a truncated response's
-        reward still enters its group's statistics, and only then is it zeroed by ``loss_mask``
-        (TRL's ``mask_truncated_completions`` order; docs/algorithms.md)."""
+    def _targets(self, exp: Experience, old: Tensor, ref: Tensor | None, adv_raw: Tensor) -> Targets:
+        """The complete :class:`~arlopti.learner.targets.Targets` from every row's logπ_old: the
+        fresh-forward builder, and the last act of :meth:`_reused_targets` (collective)."""
         a = self.cfg.algorithm
-        rewards = outcome_token_rewards(exp.rewards, exp.response_mask)
-        if a.kl_in == "reward" and t.ref is not None:  # logπ_old is zero on masked rows: KL only where the loss is
-            rewards = rewards - a.kl_coef * kl_penalty(t.old, t.ref, a.kl_estimator) * loss_mask
-        adv = ADVANTAGE_ESTIMATORS.get(a.advantage)(rewards, exp.response_mask, exp.group_ids, eps=a.adv_eps,
-                                                    gamma=a.gamma, reduce=self._sum_over_ranks)
-        return adv if loss_mask is exp.response_mask else adv * loss_mask
+        return complete_targets(old, ref, adv_raw, exp.response_mask, ar_alpha=a.ar_alpha, eta=self._eta,
+                                reverse=a.lopti.reverse, skip_empty=a.lopti.empty_phase == "skip",
+                                sum_over_ranks=self._all_reduce)
 
-    def _log_probs(self, exp: Experience, skip: set[int]) -> _Targets:
-        """``logπ_old`` of every row not in ``skip`` and the reference log-probs of all rows, no grad,
-        at the rollout temperature, under Lightning's precision context; zeros on padding."""
-        mask = exp.response_mask
-        old = torch.zeros_like(mask)
-        was_training = self.policy.training
-        self.policy.eval()
-        chunk = self.cfg.sizes.logprob_micro_batch_size
-        fill_logprobs(self.policy, exp, [i for i in range(len(exp)) if i not in skip], old, chunk, self.temperature)
-        ref = None
-        if self.ref is not None:
-            ref = torch.zeros_like(mask)
-            fill_logprobs(self.ref, exp, list(range(len(exp))), ref, chunk, self.temperature)
-        elif self.lora and self.cfg.algorithm.kl_coef > 0:
-            ref = torch.zeros_like(mask)
-            with adapters_disabled(self.policy):
-                fill_logprobs(self.policy, exp, list(range(len(exp))), ref, chunk, self.temperature)
-        self.policy.train(was_training)
-        return _Targets(old=old * mask, ref=ref, adv_raw=torch.zeros_like(mask))
+    def _reused_targets(self, exp: Experience, old: Tensor, ref: Tensor | None, adv_raw: Tensor,
+                        first: tuple[str, list[int]], micro_plan: dict, metrics: MetricSet,
+                        names: list[str]) -> tuple[Targets, float]:
+        """The reused-first-forward builder: accumulate the first optimizer step's gradients on
+        :class:`~arlopti.learner.targets.FirstForward`, then complete the Targets. Returns them and
+        that step's loss, which :meth:`_update` applies (or drops, for a phase in ``skipped``)."""
+        phase, rows = first
+        inputs = FirstForward(old, ref, adv_raw, self.cfg.algorithm.ar_alpha, self._eta)
+        loss = self._accumulate(exp, phase, rows, micro_plan[tuple(rows)], inputs, metrics, _prefixes(names, phase))
+        return self._targets(exp, old, ref, adv_raw), loss
 
-    def _complete(self, t: _Targets, exp: Experience) -> None:
-        """AR once, the phase masks, and which phases are empty on every rank (collective)."""
-        a = self.cfg.algorithm
-        t.adv = advantage_reweight(t.adv_raw, t.old, a.ar_alpha) if a.ar_alpha > 0 else t.adv_raw
-        phases = phase_plan(exp.response_mask, t.old, a.lopti.eta if a.lopti.enabled else None, a.lopti.reverse)
-        t.phases = {ph.name: ph for ph in phases}
-        t.empty = {ph.name: self._all_reduce(float(ph.token_mask.sum())) == 0 for ph in phases}
-
-    def _update(self, exp: Experience, phase: str, rows: list[int], micros: list[list[int]], t: _Targets,
-                metrics: MetricSet, prefixes: list[str]) -> None:
-        """One optimizer step: accumulate the mini-batch's gradients, then apply or skip."""
-        filling = t.adv is None  # the reused first step: its forward is logπ_old
-        loss = self._accumulate(exp, phase, rows, micros, t, metrics, prefixes)
-        if filling:
-            self._complete(t, exp)
-        if t.empty[phase] and self.cfg.algorithm.lopti.empty_phase == "skip":
-            self.optimizers().zero_grad(set_to_none=True)  # a phase with no token: its loss was zero
+    def _update(self, exp: Experience, phase: str, rows: list[int], micros: list[list[int]], t: Targets,
+                metrics: MetricSet, prefixes: list[str], loss: float | None = None) -> None:
+        """One optimizer step of ``phase`` on mini-batch ``rows``: accumulate (unless ``loss`` is given:
+        the reused first step's), then apply or skip. A phase in ``t.skipped`` takes no step."""
+        if phase in t.skipped:
+            if loss is not None:  # the first step's own forward showed the phase empty: its gradients are zero
+                self.optimizers().zero_grad(set_to_none=True)
             return
+        if loss is None:
+            loss = self._accumulate(exp, phase, rows, micros, t, metrics, prefixes)
         self._step_or_skip(loss, metrics, prefixes)
 
-    def _accumulate(self, exp: Experience, phase: str, rows: list[int], micros: list[list[int]], t: _Targets,
-                    metrics: MetricSet, prefixes: list[str]) -> float:
+    def _accumulate(self, exp: Experience, phase: str, rows: list[int], micros: list[list[int]],
+                    t: Targets | FirstForward, metrics: MetricSet, prefixes: list[str]) -> float:
         """Zero the gradients and back-propagate every micro-batch of mini-batch ``rows`` for
-        ``phase``; returns the summed loss. Under ``token_mean_scope=minibatch`` every micro-batch
-        divides by the mini-batch's valid-token count over all ranks (DDP/FSDP average gradients over
-        ranks, hence the ``/ world``); under ``microbatch`` by its own, then by the micro-batch count."""
+        ``phase``; returns the summed loss (the loss normaliser: the module docstring)."""
         a = self.cfg.algorithm
         self.optimizers().zero_grad(set_to_none=True)
-        idx_rows = torch.tensor(rows, device=exp.input_ids.device)
-        phase_only = t.phases is not None and a.lopti.normalize != "all"
-        denom = t.phases[phase].token_mask[idx_rows].float() if phase_only else exp.response_mask[idx_rows]
-        scale = max(self._all_reduce(normaliser(denom, a.loss_agg)) / self.world, 1e-8) \
-            if a.token_mean_scope == "minibatch" else None
+        scale = self._loss_scale(exp, phase, rows, t)
         total = 0.0
         for micro in micros:
             sub, idx = exp.select(micro), torch.tensor(micro, device=exp.input_ids.device)
             r = sub.response_mask.shape[1]
             logp, ent = self.policy(sub.input_ids, sub.attention_mask, sub.prompt_len, self.temperature,
                                     with_entropy=True)
-            if t.adv is None:
-                old, adv, pmask = first_step_inputs(logp, sub.response_mask, t.adv_raw[idx, :r], a.ar_alpha, phase,
-                                                    a.lopti.eta if a.lopti.enabled else None)
-                t.old[idx, :r] = old
-            else:
-                old, adv, pmask = t.old[idx, :r], t.adv[idx, :r], t.phases[phase].token_mask[idx, :r]
+            old, adv, pmask = t.micro(phase, idx, r, logp, sub.response_mask)
             loss, m = grpo_objective(logp, old, adv, sub.response_mask, pmask, a,
                                      ref_log_probs=None if t.ref is None else t.ref[idx, :r], entropy=ent, scale=scale,
                                      horizon=self.cfg.rollout.max_new_tokens, normalize=a.lopti.normalize,
@@ -388,19 +334,29 @@ class GRPOModule(L.LightningModule):
             add_objective_metrics(metrics, prefixes, m)
         return total
 
+    def _loss_scale(self, exp: Experience, phase: str, rows: list[int], t: Targets | FirstForward) -> float | None:
+        """The loss normaliser of mini-batch ``rows`` (module docstring; None under ``microbatch``). The
+        reused first step counts valid tokens: it runs only where that is the phase's count too."""
+        a = self.cfg.algorithm
+        if a.token_mean_scope != "minibatch":
+            return None
+        idx_rows = torch.tensor(rows, device=exp.input_ids.device)
+        by_phase = isinstance(t, Targets) and a.lopti.normalize != "all"
+        denom = t.phases[phase].token_mask[idx_rows].float() if by_phase else exp.response_mask[idx_rows]
+        return max(self._all_reduce(normaliser(denom, a.loss_agg)) / self.world, 1e-8)
+
     def _correction(self, old: Tensor, sub: Experience) -> Tensor | None:
         """The rollout-mismatch weight of one micro-batch (``algorithm.rollout_correction``), or None."""
         rc = self.cfg.algorithm.rollout_correction
         if rc.mode == "none":
             return None
-        if sub.engine_logprobs is None:
-            raise RuntimeError("algorithm.rollout_correction needs the engine's log-probs: set rollout.return_logprobs=true")
+        check_rollout_correction_logprobs(rc.mode, sub.engine_logprobs is not None)
         return correction_weights(old, sub.engine_logprobs, sub.response_mask, rc.mode, cap=rc.cap,
                                   mis_low=rc.mis_low, mis_high=rc.mis_high)
 
     def _step_or_skip(self, loss: float, metrics: MetricSet, prefixes: list[str]) -> None:
         """Clip by the global norm and step, or skip a non-finite step (decided over all ranks)."""
-        grad_norm = self._clip_and_norm()
+        grad_norm = clip_global_norm(list(self.policy.parameters()), self.cfg.optim.grad_clip)
         finite = math.isfinite(loss) and math.isfinite(grad_norm)
         if self.world > 1:  # one rank's NaN loss must skip the step everywhere, or the ranks diverge
             finite = self._all_reduce(0.0 if finite else 1.0) == 0
@@ -411,11 +367,21 @@ class GRPOModule(L.LightningModule):
         self.optimizers().step()
         self._check_weights(lr=lr, loss=loss, grad_norm=grad_norm)
         if self.cfg.optim.scheduler_interval == "optimizer_step":
-            self.lr_schedulers().step()
+            self._step_schedule()
         self.weight_version += 1
         for prefix in prefixes:
             metrics.add(f"{prefix}/grad_norm", grad_norm)
             metrics.add(f"{prefix}/steps", 1.0, "sum")
+
+    def _step_schedule(self) -> None:
+        """Advance the LR schedule. Under ``scheduler_interval=phase`` it counts phase passes (verl
+        steps it once per ``update_actor`` call), and a pass whose steps were all skipped (an empty
+        phase under ``empty_phase=skip``, or non-finite) took no optimizer step: when that is the
+        run's first pass torch warns "lr_scheduler.step() before optimizer.step()". Advancing is
+        intended there, so exactly that warning is silenced, here and nowhere else."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+            self.lr_schedulers().step()
 
     def _check_weights(self, *, lr: float, loss: float, grad_norm: float) -> None:
         """After an optimizer step: are the updated parameters finite on every rank? (One fused
@@ -426,37 +392,8 @@ class GRPOModule(L.LightningModule):
             finite = self._all_reduce(0.0 if finite else 1.0, "max") == 0
         self.guard.check_weights(finite, rollout_step=self.rollout_step, lr=lr, loss=loss, grad_norm=grad_norm)
 
-    def _clip_and_norm(self) -> float:
-        params = [p for p in self.policy.parameters() if p.grad is not None]
-        max_norm = self.cfg.optim.grad_clip
-        if not params:
-            return 0.0
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else float("inf"))
-        if hasattr(norm, "full_tensor"):  # DTensor under FSDP2
-            norm = norm.full_tensor()
-        return float(norm)
-
     # ------------------------------------------------------------------ metrics
-    def _step_metrics(self, metrics: MetricSet, exp: Experience, t: _Targets, names: list[str],
-                      micro_plan: dict, timings: dict[str, float], reused: int) -> None:
-        skip_empty = self.cfg.algorithm.lopti.empty_phase == "skip"
-        for name in names:
-            if len(names) > 1:
-                metrics.add(f"update/{name}/skipped_empty", float(t.empty[name] and skip_empty), "max")
-        rollout_metrics(metrics, exp, t.old, list(t.phases.values()), self.cfg.algorithm.ar_alpha)
-        if exp.engine_logprobs is not None:  # rollout.return_logprobs: the engine/trainer mismatch
-            add_mismatch_metrics(metrics, t.old, exp.engine_logprobs, exp.response_mask)
-        padding_metrics(metrics, exp, micro_plan)
-        metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(exp)))
-        for k, v in timings.items():
-            metrics.add(f"timing/{k}", v, "max")
-        total_t = sum(timings.values())
-        metrics.add("timing/tokens_per_s", float(exp.response_mask.sum()) / total_t if total_t > 0 else 0.0, "sum")
-        metrics.add("update/lr", float(self.optimizers().param_groups[0]["lr"]))
-        metrics.add("update/nonfinite_skips", float(self.guard.total), "max")
-        metrics.add("update/optimizer_steps", float(self.trainer.global_step) if self._trainer else 0.0, "max")
-
-    def _finish_step(self, batch, exp: Experience, t: _Targets, metrics: MetricSet) -> None:
+    def _finish_step(self, batch, exp: Experience, t: Targets, metrics: MetricSet) -> None:
         """Reduce and log the metrics, keep the step's context, mark the batch consumed, stop at the end."""
         values = metrics.as_dict() if self.world == 1 else metrics.reduce_over_ranks(
             lambda x, op: self.trainer.strategy.reduce(x, reduce_op=op), self.world, self.device)
@@ -476,29 +413,17 @@ class GRPOModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Counters and every rank's RNG states (collective when distributed: all ranks save)."""
         checkpoint["arlopti"] = learner_state(self.rollout_step, self.weight_version, self.guard.state_dict(),
-                                              self.world)
-        if self.lora:  # the checkpoint holds only the adapter: name the base it belongs to
-            checkpoint["arlopti"]["lora_base"] = self.policy.hf.arlopti_base_identity
-        state = checkpoint.get("state_dict", {})
-        for key in [k for k in state if k.startswith("ref.")]:
-            del state[key]
+                                              self.world, self._lora_base)
+        drop_reference_weights(self, checkpoint.get("state_dict", {}), "", None)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "state_dict" in checkpoint:  # single-file checkpoints; FSDP2 folders are checked by the DCP loader
-            check_policy_keys(checkpoint["state_dict"], self.policy)
-        extra = checkpoint.get("arlopti", {})
-        if self.lora:
-            check_base_identity(extra.get("lora_base"), self.policy.hf.arlopti_base_identity, "resume")
-        self.rollout_step = int(extra.get("rollout_step", 0))
-        self.weight_version = int(extra.get("weight_version", 0)) + 1  # force an engine sync
-        self.guard.load_state_dict(extra)
-        rng = extra.get("rng") or []
-        # Applied in on_train_start, after Lightning has built the dataloader iterator (which draws
-        # from torch's generator), so the first resumed step starts from the saved state exactly.
-        self._pending_rng = rank_rng_state(rng, self.trainer.global_rank if self._trainer else 0, self.world)
-        if rng and self._pending_rng is None:
-            log.warning("checkpoint saved by %d ranks, resuming on %d: RNG states are not restored",
-                        len(rng), self.world)
+        """Counters, guard and RNG state. The RNG state is applied in on_train_start, after Lightning
+        has built the dataloader iterator (which draws from torch's generator), so the first resumed
+        step starts from the saved state exactly."""
+        rank = self.trainer.global_rank if self._trainer else 0
+        self.rollout_step, version, self._pending_rng = load_learner_state(checkpoint, self.policy, self.guard, rank,
+                                                                           self.world, self._lora_base)
+        self.weight_version = version + 1  # force an engine sync
 
     def on_train_start(self) -> None:
         if self._pending_rng is not None:

@@ -113,3 +113,28 @@ def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_row
         sub = exp.select(chunk)
         logp, _ = model(sub.input_ids, sub.attention_mask, sub.prompt_len, temperature, with_entropy=False)
         out[torch.tensor(chunk, device=out.device), :logp.shape[1]] = logp.to(out.dtype)
+
+
+def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: set[int], chunk_rows: int,
+                          temperature: float, lora_ref: bool = False) -> tuple[Tensor, Tensor | None]:
+    """``(logπ_old, reference log-probs)`` of ``exp``'s responses, no grad, at ``temperature``: the
+    first of every row not in ``skip`` (zeros there), the second of all rows from ``ref``, or with
+    ``lora_ref`` from ``policy`` with its LoRA adapters off, else None (β = 0). Zeros on padding.
+    ``policy`` runs in eval mode and gets its mode back."""
+    from arlopti.lora import adapters_disabled
+
+    mask = exp.response_mask
+    old = torch.zeros_like(mask)
+    was_training = policy.training
+    policy.eval()
+    fill_logprobs(policy, exp, [i for i in range(len(exp)) if i not in skip], old, chunk_rows, temperature)
+    ref_lp = None
+    if ref is not None:
+        ref_lp = torch.zeros_like(mask)
+        fill_logprobs(ref, exp, list(range(len(exp))), ref_lp, chunk_rows, temperature)
+    elif lora_ref:
+        ref_lp = torch.zeros_like(mask)
+        with adapters_disabled(policy):
+            fill_logprobs(policy, exp, list(range(len(exp))), ref_lp, chunk_rows, temperature)
+    policy.train(was_training)
+    return old * mask, ref_lp

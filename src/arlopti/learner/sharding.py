@@ -214,3 +214,10 @@ def shard_learner(policy: nn.Module, ref: nn.Module | None, strategy, mesh, deco
         ref_options = FSDPOptions(mixed_precision=options.mixed_precision, reduce_dtype=options.reduce_dtype,
                                   cpu_offload=options.cpu_offload)
         apply_fsdp2(ref, dp, ref_options, decoder_layer_class_name)
+
+
+def shard_under_model_parallel(module, strategy, decoder_layer_class_name: str | None) -> None:
+    """:func:`shard_learner` on ``module.policy`` and ``module.ref`` when ``strategy`` is a
+    ``ModelParallelStrategy`` (``trainer=fsdp``); nothing otherwise."""
+    if isinstance(strategy, ModelParallelStrategy):
+        shard_learner(module.policy, module.ref, strategy, module.device_mesh, decoder_layer_class_name)

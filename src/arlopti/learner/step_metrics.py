@@ -171,3 +171,29 @@ def padding_metrics(metrics: MetricSet, exp, micro_plan: Mapping[tuple, list[lis
             valid += int(exp.attention_mask[mb, :cost // len(mb)].sum())
     metrics.add("update/valid_token_frac", valid / max(1, padded), weight=padded)
     metrics.add("update/micro_batches", sum(len(v) for v in micro_plan.values()) / max(1, len(micro_plan)))
+
+
+def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple, list[list[int]]],
+                     timings: Mapping[str, float], *, reused: int, ar_alpha: float, lr: float, nonfinite_skips: int,
+                     optimizer_steps: int) -> None:
+    """A rollout step's metrics beyond the objective's (docs/metrics.md): phases skipped as empty
+    (``targets``: :class:`~arlopti.learner.targets.Targets`), the rollout's statistics, the
+    engine/trainer mismatch (``rollout.return_logprobs``), padding, the share of logπ_old taken
+    from the first step's forward (``reused`` rows), timings and the optimizer's counters."""
+    from arlopti.learner.mismatch_metrics import add_mismatch_metrics  # it imports this module
+
+    if len(targets.phases) > 1:
+        for name in targets.phases:
+            metrics.add(f"update/{name}/skipped_empty", float(name in targets.skipped), "max")
+    rollout_metrics(metrics, exp, targets.old, list(targets.phases.values()), ar_alpha)
+    if exp.engine_logprobs is not None:
+        add_mismatch_metrics(metrics, targets.old, exp.engine_logprobs, exp.response_mask)
+    padding_metrics(metrics, exp, micro_plan)
+    metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(exp)))
+    for k, v in timings.items():
+        metrics.add(f"timing/{k}", v, "max")
+    total_t = sum(timings.values())
+    metrics.add("timing/tokens_per_s", float(exp.response_mask.sum()) / total_t if total_t > 0 else 0.0, "sum")
+    metrics.add("update/lr", lr)
+    metrics.add("update/nonfinite_skips", float(nonfinite_skips), "max")
+    metrics.add("update/optimizer_steps", float(optimizer_steps), "max")

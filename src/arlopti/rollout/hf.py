@@ -222,9 +222,12 @@ def _fsdp_unsharded(module: nn.Module):
     return unsharded_for_generate(module)
 
 
-#: ``rollout.hf_decoder``: how the HF engine decodes (the same tokens either way; tested).
-DECODERS = {"loop": ":func:`decode`; requests with stop strings go through generate()",
-            "generate": "transformers' generate() with the sampler as its logits processor"}
+#: ``rollout.hf_decoder``'s choices (the config reads them here): how the HF engine decodes, the
+#: same tokens either way (tested). ``loop`` is :func:`decode`; ``generate`` passes the sampler as
+#: generate()'s logits processor.
+DECODERS = {"loop": "our KV-cached loop over the model's forward, without generate()'s per-step overhead; "
+                    "requests with stop strings use generate()",
+            "generate": "transformers' generate()"}
 
 
 class HFEngine(RolloutEngine):

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from arlopti.learner.lora import base_model_of, is_lora
+from arlopti.lora import base_model_of, is_lora
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@
   every ``kk_*`` experiment) uses it.
 * ``qwen-instruct``: chat messages ``[system: instructions, user: quiz]`` plus the assistant turn
   pre-filled with ``<think>``. The model's own chat template renders them (nothing Qwen-specific is
-  hard-coded here), via :class:`arlopti.data.prompt_datamodule.PromptRecord` with
+  hard-coded here), via :class:`arlopti.data.records.PromptRecord` with
   ``messages=...`` and ``assistant_prefix="<think>"``. ``configs/data/kk_generated.yaml`` uses it
   (our generator's puzzles have no official prompt).
 * ``base``: one completion text ``"<instructions>\n\nUser: <quiz>\nAssistant: <think>"`` for base
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from arlopti.data.records import PromptRecord, render_prompt
 from arlopti.tasks.kk.puzzle import Puzzle
 
 SYSTEM_PROMPT = (
@@ -52,8 +53,7 @@ class PromptPieces:
     rendered: str | None = None
 
     def to_prompt_record(self, uid: str, ground_truth, task: str = "kk", meta: dict | None = None):
-        """A :class:`arlopti.data.prompt_datamodule.PromptRecord` with these pieces."""
-        from arlopti.data.prompt_datamodule import PromptRecord  # imports Lightning: keep it lazy
+        """A :class:`arlopti.data.records.PromptRecord` with these pieces."""
 
         return PromptRecord(uid=uid, ground_truth=ground_truth, task=task, text=self.text,
                             messages=[dict(m) for m in self.messages] if self.messages else None,
@@ -100,7 +100,6 @@ def build_prompt(puzzle: Puzzle, template: str = "qwen-instruct", tokenizer=None
         raise ValueError(f"unknown K&K prompt template {template!r}; known templates: {list(TEMPLATES)}")
     if tokenizer is None:
         return pieces
-    from arlopti.data.prompt_datamodule import render_prompt
 
     rendered = render_prompt(pieces.to_prompt_record(uid="kk/render", ground_truth=None), tokenizer)
     return PromptPieces(template=pieces.template, text=pieces.text, messages=pieces.messages,

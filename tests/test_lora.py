@@ -1,4 +1,4 @@
-"""LoRA on the policy (arlopti/learner/lora.py): config checks, the adapters-off reference, and the
+"""LoRA on the policy (arlopti/lora.py): config checks, the adapters-off reference, and the
 gradient equivalence of one AR + Lopti step with a hand-built step on the LoRA parameters only."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from arlopti.algorithms.advantages import grpo_advantages
 from arlopti.config import (AlgorithmConfig, ConfigError, DapoConfig, LoptiConfig, LoraConfig, ModelConfig,
                             OptimConfig, RolloutConfig, RunConfig, SizesConfig, TokenMethodConfig, validate_run)
-from arlopti.learner.lora import (ALL_LINEAR, adapters_disabled, apply_lora, base_identity, check_base_identity,
+from arlopti.lora import (ALL_LINEAR, adapters_disabled, apply_lora, base_identity, check_base_identity,
                                   is_lora, resolve_targets)
 from arlopti.learner.module import GRPOModule
 from arlopti.learner.policy import PolicyLM
@@ -101,18 +101,19 @@ def test_reference_is_the_policy_with_adapters_off_and_no_copy_is_loaded(tiny_to
     assert module.ref is None and is_lora(module.policy)
     base = PolicyLM(build_tiny_model(tiny_tokenizer), cfg.model.logprob_impl).eval()
     seen = []
-    real = GRPOModule._log_probs
+    import arlopti.learner.module as learner_module
+    from arlopti.learner.policy import fill_logprobs
 
-    def spy(self, exp, skip):
-        t = real(self, exp, skip)
-        want = torch.zeros_like(t.ref)
-        from arlopti.learner.policy import fill_logprobs
+    real = learner_module.old_and_ref_log_probs
 
-        fill_logprobs(base, exp, list(range(len(exp))), want, 8, self.temperature)
-        seen.append((t.ref * exp.response_mask, want * exp.response_mask, t.old.clone()))
-        return t
+    def spy(policy, ref_model, exp, skip, chunk_rows, temperature, **kw):
+        old, ref = real(policy, ref_model, exp, skip, chunk_rows, temperature, **kw)
+        want = torch.zeros_like(ref)
+        fill_logprobs(base, exp, list(range(len(exp))), want, 8, temperature)
+        seen.append((ref * exp.response_mask, want * exp.response_mask, old.clone()))
+        return old, ref
 
-    monkeypatch.setattr(GRPOModule, "_log_probs", spy)
+    monkeypatch.setattr(learner_module, "old_and_ref_log_probs", spy)
     fit(module, tiny_tokenizer)
     assert len(seen) == 2
     ref, want, old = seen[1]  # step 2: the adapters have moved, the reference has not
@@ -211,11 +212,11 @@ def test_ar_lopti_step_equals_a_hand_built_step_on_the_lora_parameters(tiny_toke
 
 
 def test_lora_with_fidelity_official_is_allowed_with_a_note(caplog):
-    from arlopti.learner.lora import note_fidelity
+    from arlopti.lora import note_fidelity
 
     assert note_fidelity(LoraConfig(r=0), "official") is None
     assert note_fidelity(LORA, "improved") is None
-    with caplog.at_level("WARNING", logger="arlopti.learner.lora"):
+    with caplog.at_level("WARNING", logger="arlopti.lora"):
         msg = note_fidelity(LORA, "official")
     assert "full-parameter" in msg and msg in caplog.text
 

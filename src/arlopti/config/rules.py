@@ -1,0 +1,181 @@
+"""The cross-field rules of a run config, each stated once, each error naming the key and the fix.
+
+:func:`validate_run` runs the generic field checks (:func:`arlopti.config.check.check_fields`),
+then these rules. A rule that code outside the config also needs (an algorithm's own guard on
+its arguments) is a public function here that both call, so that it exists in one place:
+:func:`check_mis_bounds`, :func:`check_rollout_correction_logprobs`, :func:`check_rollout_offload`.
+``python train.py`` validates once, in :func:`arlopti.train.build`, with the Trainer's real
+world size (:func:`validate_once`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from arlopti.config.check import check_fields
+from arlopti.config.schema import AlgorithmConfig, ConfigError, OptimConfig, RolloutConfig, RunConfig
+
+
+def _require(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def check_rollout_offload(backend: str, cpu_offload: bool) -> None:
+    """``rollout.backend=vllm`` with ``trainer.strategy.cpu_offload=true`` is refused (RolloutCallback.setup,
+    before the engine starts): the weight sync gathers each FSDP2 shard with ``full_tensor()``, which
+    for CPU-offloaded shards would go through the NCCL-only process group; no GPU has run it
+    (../shared/notes/gpu_path_review.md R5)."""
+    _require(not (backend == "vllm" and cpu_offload),
+             "rollout.backend=vllm cannot run with trainer.strategy.cpu_offload=true: the weight sync would gather "
+             "CPU-offloaded shards over NCCL (untested, expected to fail). Set trainer.strategy.cpu_offload=false "
+             "(7B on 4x80 GB fits without it at the experiments' rollout.gpu_memory_utilization, "
+             "benchmarks/memory_plan.py) or use rollout=hf")
+
+
+def check_mis_bounds(mis_low: float, mis_high: float) -> None:
+    """MIS keeps a token whose ratio w lies in ``[mis_low, mis_high]``; the band must be a real
+    interval of ratios: ``0 <= mis_low < mis_high``. The config (mode ``mis``) and
+    :func:`arlopti.algorithms.mismatch.correction_weights` both call this."""
+    _require(0 <= mis_low < mis_high,
+             f"algorithm.rollout_correction.mis_low={mis_low} must be >= 0 and below mis_high={mis_high}: "
+             "set 0 <= mis_low < mis_high")
+
+
+def check_overlong_buffer(buffer: int, max_new_tokens: int) -> None:
+    """DAPO's overlong shaping ramps over the last ``buffer`` tokens before ``max_new_tokens``, so the
+    buffer may be at most that length (equal: the ramp starts at length 0, as verl allows). The
+    config and :func:`arlopti.algorithms.dapo.overlong_penalty` both call this."""
+    _require(buffer <= max_new_tokens,
+             f"algorithm.dapo.overlong_buffer={buffer} exceeds rollout.max_new_tokens={max_new_tokens}: "
+             "every response would be penalised; use a buffer <= the maximum length")
+
+
+def check_rollout_correction_logprobs(mode: str, return_logprobs: bool) -> None:
+    """A rollout correction other than ``none`` weighs tokens by the engine's sampling log-probs,
+    so it needs ``rollout.return_logprobs=true``. The config and the learner both call this."""
+    _require(mode == "none" or return_logprobs,
+             f"algorithm.rollout_correction.mode={mode} needs the engine's log-probs: set rollout.return_logprobs=true")
+
+
+def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
+    """Field checks (choices, ranges) and cross-field checks; raises :class:`ConfigError` naming
+    the key and the numbers."""
+    check_fields(cfg)
+    s = cfg.sizes
+    _require(s.group_size >= 2, f"sizes.group_size={s.group_size} must be >= 2 (GRPO needs a group baseline)")
+    _require(s.prompts_per_step >= 1, f"sizes.prompts_per_step={s.prompts_per_step} must be >= 1")
+    _require(s.prompts_per_step % world_size == 0,
+             f"sizes.prompts_per_step={s.prompts_per_step} is not divisible by the {world_size} data-parallel "
+             "ranks (trainer.devices x trainer.num_nodes); each rank needs whole prompts")
+    responses = s.prompts_per_step * s.group_size
+    _require(s.mini_batch_size >= 1 and responses % s.mini_batch_size == 0,
+             f"sizes.mini_batch_size={s.mini_batch_size} must divide the {responses} responses per step "
+             f"(sizes.prompts_per_step={s.prompts_per_step} x sizes.group_size={s.group_size})")
+    _require(s.mini_batch_size % world_size == 0,
+             f"sizes.mini_batch_size={s.mini_batch_size} is not divisible by the {world_size} ranks")
+    per_rank = s.mini_batch_size // world_size
+    if s.micro_batch_tokens is None:
+        _require(s.micro_batch_size >= 1 and per_rank % s.micro_batch_size == 0,
+                 f"sizes.micro_batch_size={s.micro_batch_size} (per device) must divide the per-rank mini-batch "
+                 f"of {per_rank} responses (sizes.mini_batch_size={s.mini_batch_size} / {world_size} ranks)")
+    else:
+        _require(isinstance(s.micro_batch_tokens, int) and not isinstance(s.micro_batch_tokens, bool)
+                 and s.micro_batch_tokens > 0,
+                 f"sizes.micro_batch_tokens={s.micro_batch_tokens!r} must be a positive integer: the padded tokens "
+                 "of one micro-batch, rows x (prompt length + longest response), or null for micro_batch_size")
+    r = cfg.rollout
+    _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
+             "(log-probs are computed from logits / T)")
+    _validate_lr(cfg.optim)
+    _validate_algorithm(cfg.algorithm, r)
+
+
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _validate_lr(o: OptimConfig) -> None:
+    """The learning rate must be a finite float32, and so must the largest step size the optimizer
+    derives from it: AdamW's first step divides lr by its bias correction 1 - beta1 (torch computes
+    it in float32, and fails with an overflow error deep inside ``step``)."""
+    _require(math.isfinite(o.lr) and abs(o.lr) <= _FLOAT32_MAX,
+             f"optim.lr={o.lr!r} is not a finite float32 (largest {_FLOAT32_MAX:.4g}); use a learning rate such "
+             "as 1e-6")
+    if o.name == "adamw" and 0 <= o.betas[0] < 1:
+        step = o.lr / (1.0 - o.betas[0])
+        _require(step <= _FLOAT32_MAX,
+                 f"optim.lr={o.lr!r} is too large: AdamW's first step size lr / (1 - optim.betas[0]) = {step:.4g} "
+                 f"is not a finite float32 (largest {_FLOAT32_MAX:.4g}); use a learning rate such as 1e-6")
+
+
+#: Policy losses that take no dual-clip, and the loss aggregation a loss requires (if any).
+_NO_DUAL_CLIP = ("gspo", "cispo")
+_REQUIRED_AGG = {"gspo": "seq-mean-token-mean"}
+
+
+def check_dual_clip(policy_loss: str, dual_clip: float | None) -> None:
+    """GSPO and CISPO take no dual-clip. The config and those losses (:mod:`arlopti.algorithms.policy_loss`)
+    both call this."""
+    if policy_loss in _NO_DUAL_CLIP:
+        _require(dual_clip is None, f"algorithm.dual_clip={dual_clip}: algorithm.policy_loss={policy_loss} has "
+                 f"no dual-clip; set algorithm.dual_clip=null (algorithm={policy_loss} sets it)")
+
+
+def _validate_algorithm(a: AlgorithmConfig, r: RolloutConfig) -> None:
+    """Combinations of algorithm pieces that cannot apply together, each named with its fix."""
+    fix = f" (algorithm={a.policy_loss} sets it)"
+    check_dual_clip(a.policy_loss, a.dual_clip)
+    need = _REQUIRED_AGG.get(a.policy_loss)
+    if need is not None:
+        _require(a.loss_agg == need, f"algorithm.loss_agg={a.loss_agg} cannot apply to algorithm.policy_loss="
+                 f"{a.policy_loss}: its sequence-level ratio is one value per response, so responses must weigh "
+                 f"equally; set algorithm.loss_agg={need}" + fix)
+    rc = a.rollout_correction
+    check_rollout_correction_logprobs(rc.mode, r.return_logprobs)
+    if rc.mode == "mis":
+        check_mis_bounds(rc.mis_low, rc.mis_high)
+    _validate_token_method(a)
+    d = a.dapo
+    check_overlong_buffer(d.overlong_buffer, r.max_new_tokens)
+
+
+def _validate_token_method(a: AlgorithmConfig) -> None:
+    """Token methods that cannot compose with the rest (arlopti.algorithms.token_methods' docstring)."""
+    tm = a.token_method
+    key = f"algorithm.token_method.name={tm.name}"
+    if tm.name == "top_entropy":
+        _require(not a.lopti.enabled, f"{key} cannot combine with algorithm.lopti.enabled=true: both decide which "
+                 "tokens learn, and the top-entropy tokens are mostly low-probability ones, so Lopti's high phase "
+                 "would be left almost without gradient; set algorithm.lopti.enabled=false (or pick another method)")
+    if tm.name == "reverse":
+        _require(a.ar_alpha == 0, f"{key} cannot combine with algorithm.ar_alpha={a.ar_alpha}: reverse weighting is "
+                 "AR's mirror image and the two weights cancel; set algorithm.ar_alpha=0")
+    if tm.name == "clip_cov":
+        _require(a.policy_loss == "ppo_clip", f"{key} needs algorithm.policy_loss=ppo_clip (its candidates exclude "
+                 f"the tokens PPO already clipped), not {a.policy_loss}")
+        _require(tm.clip_cov_lb < tm.clip_cov_ub, f"algorithm.token_method.clip_cov_lb={tm.clip_cov_lb} must be "
+                 f"below clip_cov_ub={tm.clip_cov_ub}")
+    if tm.name == "archer":
+        _require(a.policy_loss != "gspo", f"{key} cannot apply to algorithm.policy_loss=gspo: one sequence ratio "
+                 "per response cannot take per-token clip bounds; use ppo_clip or cispo")
+    if tm.name == "tr_grpo":
+        _require(tm.tr_min <= tm.tr_max, f"algorithm.token_method.tr_min={tm.tr_min} must not exceed "
+                 f"tr_max={tm.tr_max}")
+
+
+def validate_once(cfg: RunConfig, world_size: int | None = None) -> None:
+    """:func:`validate_run`, unless this config, with the same values, passed it already.
+
+    ``world_size=None`` (GRPOModule.__init__, before it knows the world size): any earlier pass
+    will do, else it validates for 1 rank. An int (GRPOModule.setup, train.build): an earlier pass
+    for that many ranks will do. ``train.build`` validates with the Trainer's real world size before
+    it builds the module, so a ``python train.py`` start validates once; a module built directly
+    (tests) validates in ``__init__`` and again in ``setup`` only if its world size is not 1.
+    """
+    stamp = repr(cfg)  # every field's value; changes when the config is edited after a pass
+    done = getattr(cfg, "_validated", None)
+    if done is not None and done[1] == stamp and world_size in (None, done[0]):
+        return
+    n = 1 if world_size is None else int(world_size)
+    validate_run(cfg, n)
+    cfg._validated = (n, stamp)
