@@ -94,6 +94,9 @@ def _smoke(tmp_path, extra: list[str]):
 def test_smoke_lora_with_hf_rollouts(tmp_path):
     module = _smoke(tmp_path, ["rollout=hf", "rollout.return_logprobs=true"])
     assert module.rollout_engine.hf is module.policy.hf, "HF rollouts sample from the adapted policy itself"
+    from arlopti.rollout.hf import _takes_logits_to_keep
+
+    assert _takes_logits_to_keep(module.policy.hf), "the peft wrapper passes logits_to_keep on (prefill: last logits)"
     assert module.last_step_context.metrics["mismatch/abs_diff_max"] < 1e-4
 
 

@@ -173,7 +173,10 @@ class _GumbelSampler:
 
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    """Whether the model's forward takes ``logits_to_keep``; a peft wrapper forwards its keyword
+    arguments to the model it wraps, so that model's signature decides."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
 def decode(model: nn.Module, ids: Tensor, mask: Tensor, sampler: _GumbelSampler, max_new_tokens: int,
