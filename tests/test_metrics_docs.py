@@ -3,8 +3,9 @@
 Two smoke runs (GRPO, and AR + Lopti with the diagnostics' update direction every step and DAPO's
 dynamic sampling and overlong shaping, both with validation) write TensorBoard; every scalar, histogram and text tag of their event files
 must match a row of docs/metrics.md, and every row must be matched by some tag (all rows' "when"
-conditions are covered by these two runs). Also: the two runs share the core ``update/*`` tags,
-so GRPO and Lopti overlay on the same cards.
+conditions are covered by these two runs, except ``rollout.placement=server``'s ``async/*``,
+checked by tests/learner/test_async_metrics.py). Also: the two runs share the core ``update/*``
+tags, so GRPO and Lopti overlay on the same cards.
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ def test_every_written_tag_is_documented_and_every_documented_tag_is_written(run
     written = runs["kk_grpo"] | runs["kk_ar_lopti"]
     undocumented = sorted(t for t in written if not any(p.match(t) for p in rows.values()))
     assert not undocumented, f"tags missing from docs/metrics.md: {undocumented}"
-    unwritten = sorted(tag for tag, p in rows.items() if not any(p.match(t) for t in written))
+    # async/* need rollout.placement=server, which these colocated runs are not: tests/learner/test_async_metrics.py
+    # checks those rows both ways
+    unwritten = sorted(tag for tag, p in rows.items()
+                       if not tag.startswith("async/") and not any(p.match(t) for t in written))
     assert not unwritten, f"docs/metrics.md rows no run wrote: {unwritten}"
 
 

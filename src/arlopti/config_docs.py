@@ -10,7 +10,7 @@ import dataclasses
 import inspect
 import sys
 
-from arlopti.config import _default, field_choices, schemas
+from arlopti.config import _default, config_key, field_choices, schemas
 
 
 def _yaml(value) -> str:
@@ -48,10 +48,11 @@ def _section(cls: type, key: str, level: int) -> list[str]:
     for f in dataclasses.fields(cls):
         default = _default(f)
         if dataclasses.is_dataclass(default):
-            lines.append(f"| `{key}.{f.name}` | {type(default).__name__} | see below | {_cell(f.metadata['help'])} |")
-            nested.append((type(default), f"{key}.{f.name}"))
+            lines.append(f"| `{key}.{config_key(f)}` | {type(default).__name__} | see below | "
+                         f"{_cell(f.metadata['help'])} |")
+            nested.append((type(default), f"{key}.{config_key(f)}"))
         else:
-            lines.append(f"| `{key}.{f.name}` | `{_cell(str(f.type))}` | `{_yaml(default)}` | "
+            lines.append(f"| `{key}.{config_key(f)}` | `{_cell(str(f.type))}` | `{_yaml(default)}` | "
                          f"{_cell(f.metadata['help'] + _allowed(f))} |")
     lines.append("")
     for sub, sub_key in nested:

@@ -103,3 +103,12 @@ def test_non_tty_run_logs_one_line_per_step_and_nothing_twice(tmp_path):
 
     rows = list(csv.DictReader(open(run / "csv" / "metrics.csv")))
     assert [r["step"] for r in rows] == ["1", "2", "3"] and all(r["reward/mean"] for r in rows)
+
+
+def test_the_worker_side_of_a_server_step_is_on_the_long_line():
+    m = {"reward/mean": -1.25, "async/staleness_max": 1.0, "async/trainer_wait_s": 0.31,
+         "async/worker_idle_s": 0.12, "async/queue_depth": 2.0, "async/worker0/tokens_per_s": 200.4,
+         "async/worker1/tokens_per_s": 140.0}
+    assert format_line(3, 10, m, None, 29.0) == (
+        "step 3/10 | reward -1.250 | stale 1 | wait 0.3 s | idle 0.1 s | queue 2 | worker tok/s 340 | ETA 0:00:29")
+    assert format_compact(3, 10, m, None, 29.0) == "step 3/10 rew -1.250 ETA 0:00:29"  # 80 columns: no room

@@ -70,8 +70,8 @@ def test_choices_are_read_from_the_tables_they_describe():
     from arlopti.rollout.hf import DECODERS
 
     assert field_choices(_field(RolloutConfig, "hf_decoder")) == DECODERS
-    modes = field_choices(_field(RolloutCorrectionConfig, "mode"))
-    assert list(modes) == list(ROLLOUT_CORRECTIONS.notes()) and sorted(modes) == ROLLOUT_CORRECTIONS.names()
+    modes = field_choices(_field(RolloutCorrectionConfig, "mode"))  # "auto" (issue 27), then the registry's
+    assert list(modes) == ["auto", *ROLLOUT_CORRECTIONS.notes()] and sorted(list(modes)[1:]) == ROLLOUT_CORRECTIONS.names()
 
 
 # each rule's or choice note's wording, and the one file under src/arlopti that may hold it

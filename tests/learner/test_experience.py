@@ -28,6 +28,14 @@ def test_to_device_moves_the_engine_logprobs_too():
     assert exp.engine_logprobs.device.type == "meta" and exp.response_mask.device.type == "meta"
 
 
+def test_select_and_to_device_carry_the_policy_versions():
+    exp = _exp()
+    assert exp.policy_versions is None and exp.select([1]).policy_versions is None  # colocated
+    exp.policy_versions = torch.tensor([4, 6])
+    assert exp.select([1, 0]).policy_versions.tolist() == [6, 4]
+    assert to_device(exp, "meta").policy_versions.device.type == "meta"
+
+
 def test_a_step_whose_responses_are_all_truncated_does_not_move_the_policy(tiny_tokenizer):
     """The tiny random model never samples EOS in 6 tokens: every response is truncated, so with
     mask_truncated nothing is left in the loss and the (empty) step is skipped."""

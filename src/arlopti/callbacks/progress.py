@@ -105,6 +105,7 @@ def format_line(step: int, total: float, metrics: dict[str, float], step_s: floa
             parts.append(f"reward_err {reward_error_fraction(values):.3f}")
     if "timing/tokens_per_s" in values:
         parts.append(f"tok/s {float(values['timing/tokens_per_s']):.0f}")
+    parts += async_fields(values)
     if step_s is not None:
         parts.append(f"{step_s:.1f} s/step")
     parts.append(f"ETA {format_duration(eta_s)}")
@@ -122,7 +123,7 @@ def format_compact(step: int, total: float, metrics: dict[str, float], step_s: f
                    eta_s: float | None) -> str:
     """The line for an 80-column terminal or a log file: ``step 3/10 rew -1.250 acc 0.125
     kl 1.0e-03 len 85 ETA 0:00:29`` (``err`` after ``rew`` when some reward call failed; entropy,
-    clip, tok/s and the step time only in the long form, and in the loggers). At most 80
+    clip, tok/s, the step time and the rollout workers' side only in the long form, and in the loggers). At most 80
     characters for up to 9,999 steps, |reward| < 10 and an ETA under a day."""
     parts = [f"step {step}/{int(total) if math.isfinite(total) else '?'}"]
     for label, tag, fmt in COMPACT_FIELDS:
@@ -132,6 +133,24 @@ def format_compact(step: int, total: float, metrics: dict[str, float], step_s: f
             parts.append(f"err {reward_error_fraction(metrics):.2f}")
     parts.append(f"ETA {format_duration(eta_s)}")
     return " ".join(parts)
+
+
+def async_fields(metrics: dict[str, float]) -> list[str]:
+    """The worker side of a ``rollout.placement=server`` step for the long line: ``stale 1 | wait 0.3 s |
+    idle 0.1 s | queue 2 | worker tok/s 340`` (the largest staleness, the trainer's wait for generation,
+    the workers' idle time, the batches queued, every worker's decoding speed summed); none otherwise."""
+    if metrics.get("async/staleness_max") is None:
+        return []
+    out = [f"stale {float(metrics['async/staleness_max']):.0f}"]
+    for label, tag in (("wait", "async/trainer_wait_s"), ("idle", "async/worker_idle_s")):
+        if metrics.get(tag) is not None:
+            out.append(f"{label} {float(metrics[tag]):.1f} s")
+    if metrics.get("async/queue_depth") is not None:
+        out.append(f"queue {float(metrics['async/queue_depth']):.0f}")
+    speeds = [float(v) for k, v in metrics.items() if k.startswith("async/worker") and k.endswith("/tokens_per_s")]
+    if speeds:
+        out.append(f"worker tok/s {sum(speeds):.0f}")
+    return out
 
 
 def line_style(columns: int | None = None) -> str:

@@ -104,10 +104,17 @@ class RolloutCallback(L.Callback):
         self.group_size = group_size
         self.task_kwargs = dict(task_kwargs or {})
         self.engine: RolloutEngine | None = None
+        self.server = None  # rollout.placement=server: arlopti.rollout.server_rollouts.ServerRollouts
         self._tasks: dict[str, Task] = {}
 
     # the engine is shared with the eval callback through the module
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if pl_module.cfg.rollout.placement == "server":
+            if self.server is None and stage == "fit":
+                from arlopti.callbacks.server_placement import start_server_rollouts
+
+                self.server = start_server_rollouts(trainer, pl_module, self.group_size)
+            return
         offload = getattr(getattr(getattr(trainer, "strategy", None), "fsdp_options", None), "cpu_offload", False)
         check_rollout_offload(pl_module.cfg.rollout.backend, bool(offload))
         if self.engine is None:
@@ -118,6 +125,14 @@ class RolloutCallback(L.Callback):
         for task in self._tasks.values():
             task.close()
         self._tasks.clear()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.server is not None:  # no rollout worker outlives a failed run
+            self.server.close()
+            self.server = None
 
     def task(self, name: str) -> Task:
         if name not in self._tasks:
@@ -136,6 +151,11 @@ class RolloutCallback(L.Callback):
         timings = {"rollout_s": 0.0, "scoring_s": 0.0, "sync_s": 0.0}
         for opt in getattr(trainer, "optimizers", ()):  # gradients are not needed until the update: free them
             opt.zero_grad(set_to_none=True)
+        if self.server is not None:
+            from arlopti.callbacks.server_placement import server_experience
+
+            batch.experience = server_experience(self, trainer, pl_module, batch)
+            return
         t0 = time.perf_counter()
         if engine.wake_and_sync(pl_module.policy, pl_module.weight_version):
             timings["sync_s"] = time.perf_counter() - t0
@@ -160,8 +180,14 @@ class RolloutCallback(L.Callback):
         by their tasks (and overlong-shaped); adds to ``timings``' ``rollout_s`` / ``scoring_s``."""
         t0 = time.perf_counter()
         completions = self.engine.generate(prompts.prompt_ids, self.group_size, self.sampling(pl_module, seed))
+        timings["rollout_s"] += time.perf_counter() - t0
+        return self.score(prompts, completions, pl_module, timings)
+
+    def score(self, prompts, completions: list[list[Completion]], pl_module, timings: dict[str, float]
+              ) -> list[Group]:
+        """The groups of ``completions`` (one list per prompt of ``prompts``), scored by their tasks (and
+        overlong-shaped); adds to ``timings``' ``scoring_s``."""
         t1 = time.perf_counter()
-        timings["rollout_s"] += t1 - t0
         flat = [c for cs in completions for c in cs]
         texts = [c.text for c in flat]
         gts = [gt for gt, cs in zip(prompts.ground_truths, completions) for _ in cs]
@@ -202,9 +228,8 @@ class RolloutCallback(L.Callback):
                                 world=trainer.world_size, max_gen_batches=d.max_gen_batches)
 
 
-def _datamodule_of(trainer):
+def _datamodule_of(trainer, why: str = "algorithm.dapo.dynamic_sampling=true draws extra prompts from it"):
     dm = getattr(trainer, "datamodule", None)
     if dm is None or not hasattr(dm, "extra_batch"):
-        raise RuntimeError("algorithm.dapo.dynamic_sampling=true needs the trainer's datamodule to be a "
-                           "PromptDataModule (its extra_batch draws the extra prompts); fit with datamodule=...")
+        raise RuntimeError(f"the trainer's datamodule must be a PromptDataModule ({why}); fit with datamodule=...")
     return dm

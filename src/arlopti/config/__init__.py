@@ -19,15 +19,16 @@ from arlopti.config.check import (_default, _unwrap_optional, check_fields, chec
                                   walk_fields)
 from arlopti.config.rules import (check_mis_bounds, check_rollout_correction_logprobs, check_rollout_offload,
                                   validate_once, validate_run)
-from arlopti.config.schema import (RETIRED_KEYS, AlgorithmConfig, ConfigError, DapoConfig, LoptiConfig, LoraConfig,
-                                   ModelConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig, RunConfig,
-                                   SizesConfig, TinyModelConfig, TokenMethodConfig, register_configs, schemas, setting)
+from arlopti.config.schema import (RETIRED_KEYS, AlgorithmConfig, AsyncConfig, ConfigError, DapoConfig, LoptiConfig,
+                                   LoraConfig, ModelConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig,
+                                   RunConfig, ServerConfig, SizesConfig, TinyModelConfig, TokenMethodConfig,
+                                   config_key, register_configs, schemas, setting)
 
 __all__ = [
-    "AlgorithmConfig", "ConfigError", "DapoConfig", "LoptiConfig", "LoraConfig", "ModelConfig", "OptimConfig",
-    "RETIRED_KEYS", "RolloutConfig", "RolloutCorrectionConfig", "RunConfig", "SizesConfig", "TinyModelConfig",
+    "AlgorithmConfig", "AsyncConfig", "ConfigError", "DapoConfig", "LoptiConfig", "LoraConfig", "ModelConfig", "OptimConfig",
+    "RETIRED_KEYS", "RolloutConfig", "RolloutCorrectionConfig", "RunConfig", "ServerConfig", "SizesConfig", "TinyModelConfig",
     "TokenMethodConfig", "check_fields", "check_mis_bounds", "check_overrides", "check_rollout_correction_logprobs",
-    "check_rollout_offload", "check_value", "expected_type", "field_choices", "field_types", "from_dict",
+    "check_rollout_offload", "check_value", "config_key", "expected_type", "field_choices", "field_types", "from_dict",
     "register_configs", "saved_run_as_current", "schemas", "setting", "validate_once", "validate_run", "walk_fields",
 ]
 

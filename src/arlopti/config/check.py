@@ -21,7 +21,7 @@ import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from arlopti.config.schema import RETIRED_KEYS, ConfigError, RunConfig, _default
+from arlopti.config.schema import RETIRED_KEYS, ConfigError, RunConfig, _default, config_key
 
 def _key(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
@@ -34,18 +34,22 @@ def from_dict(cls, data: Mapping[str, Any] | None, where: str):
     key: why it went and what replaces it).
     """
     data = dict(data or {})
-    known = {f.name: f for f in dataclasses.fields(cls)}
+    fields = dataclasses.fields(cls)
+    # a field with a key alias (rollout.async -> async_) is read under either name
+    data = {next((f.name for f in fields if config_key(f) == k), k): v for k, v in data.items()}
+    known = {f.name: f for f in fields}
     for name in sorted(set(data) - set(known)):
         if _key(where, name) in RETIRED_KEYS:
             raise ConfigError(RETIRED_KEYS[_key(where, name)])
     unknown = sorted(set(data) - set(known))
     if unknown:
-        raise ConfigError(f"{where or 'run'}: unknown key(s) {unknown}; known keys: {sorted(known)}")
+        raise ConfigError(f"{where or 'run'}: unknown key(s) {unknown}; known keys: "
+                          f"{sorted(config_key(f) for f in fields)}")
     kwargs = {}
     for name, value in data.items():
         default = _default(known[name])
         if dataclasses.is_dataclass(default) and not isinstance(value, type(default)):
-            value = from_dict(type(default), value, _key(where, name))
+            value = from_dict(type(default), value, _key(where, config_key(known[name])))
         elif isinstance(default, tuple) and value is not None:
             value = tuple(value)
         elif isinstance(default, list) and value is not None:
@@ -71,10 +75,10 @@ def saved_run_as_current(saved: Mapping[str, Any], cls: type = RunConfig, where:
 def walk_fields(cls: type, where: str = "") -> Iterator[tuple[str, dataclasses.Field, type]]:
     """``(dotted key, field, owning class)`` of every field, depth first (nested dataclasses too)."""
     for f in dataclasses.fields(cls):
-        yield _key(where, f.name), f, cls
+        yield _key(where, config_key(f)), f, cls
         default = _default(f)
         if dataclasses.is_dataclass(default):
-            yield from walk_fields(type(default), _key(where, f.name))
+            yield from walk_fields(type(default), _key(where, config_key(f)))
 
 
 def field_choices(f: dataclasses.Field) -> dict | None:
@@ -145,9 +149,9 @@ def check_fields(cfg: Any, where: str = "") -> None:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
-            check_fields(value, _key(where, f.name))
+            check_fields(value, _key(where, config_key(f)))
         else:
-            _check_field(_key(where, f.name), f, value, hints.get(f.name))
+            _check_field(_key(where, config_key(f)), f, value, hints.get(f.name))
 
 
 # --------------------------------------------------------------------------------------------
@@ -253,10 +257,10 @@ def field_types(cls: type = RunConfig, where: str = "") -> Iterator[tuple[str, d
     (their own key first, then their fields)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        yield _key(where, f.name), f, hints[f.name]
+        yield _key(where, config_key(f)), f, hints[f.name]
         default = _default(f)
         if dataclasses.is_dataclass(default):
-            yield from field_types(type(default), _key(where, f.name))
+            yield from field_types(type(default), _key(where, config_key(f)))
 
 
 def _interpolated(value: Any) -> bool:

@@ -3,17 +3,23 @@
 :func:`validate_run` runs the generic field checks (:func:`arlopti.config.check.check_fields`),
 then these rules. A rule that code outside the config also needs (an algorithm's own guard on
 its arguments) is a public function here that both call, so that it exists in one place:
-:func:`check_mis_bounds`, :func:`check_rollout_correction_logprobs`, :func:`check_rollout_offload`.
+:func:`check_mis_bounds`, :func:`check_rollout_correction_logprobs`, :func:`check_rollout_offload`,
+:func:`effective_correction_mode`.
 ``python train.py`` validates once, in :func:`arlopti.train.build`, with the Trainer's real
 world size (:func:`validate_once`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 from arlopti.config.check import check_fields
-from arlopti.config.schema import AlgorithmConfig, ConfigError, OptimConfig, RolloutConfig, RunConfig
+from arlopti.config.schema import (AlgorithmConfig, ConfigError, OptimConfig, RolloutConfig, RolloutCorrectionConfig,
+                                   RunConfig)
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()  # warnings already logged by this process (each once)
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -58,6 +64,48 @@ def check_rollout_correction_logprobs(mode: str, return_logprobs: bool) -> None:
              f"algorithm.rollout_correction.mode={mode} needs the engine's log-probs: set rollout.return_logprobs=true")
 
 
+def effective_correction_mode(rollout: RolloutConfig, correction: RolloutCorrectionConfig) -> str:
+    """The rollout correction a run applies: ``algorithm.rollout_correction.mode`` as given, except
+    ``auto`` (the default), which is ``tis`` when ``rollout.placement=server`` and
+    ``rollout.async.max_staleness > 0`` (samples from older weights: NeMo-RL's async GRPO guide calls
+    the importance-sampling correction required for convergence), else ``none`` (every colocated or
+    synchronous run trains exactly as before ``auto`` existed). The config and the learner both call this."""
+    if correction.mode != "auto":
+        return correction.mode
+    off_policy = rollout.placement == "server" and rollout.async_.max_staleness > 0
+    return "tis" if off_policy else "none"
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning(message)
+
+
+def _validate_server(cfg: RunConfig, world_size: int) -> None:
+    """``rollout.placement=server``: what it cannot run with yet, and where its workers come from."""
+    r = cfg.rollout
+    if r.placement != "server":
+        return
+    not_built = "is not built yet for rollout.placement=server"
+    _require(not cfg.algorithm.dapo.dynamic_sampling,
+             f"algorithm.dapo.dynamic_sampling=true {not_built} (its extra generation rounds would need the "
+             "workers' queue to refill mid-step); set algorithm.dapo.dynamic_sampling=false or "
+             "rollout.placement=colocated")
+    _require(world_size == 1,
+             f"{world_size} data-parallel ranks: a multi-rank trainer {not_built} (one trainer process feeds the "
+             "workers); use trainer.devices=1 and trainer.num_nodes=1, or rollout.placement=colocated")
+    s = r.server
+    _require(s.spawn or bool(s.urls),
+             "rollout.server.spawn=false with empty rollout.server.urls: there is no worker to generate; list the "
+             "workers started with python -m arlopti.rollout.serve in rollout.server.urls (host:port), or set "
+             "rollout.server.spawn=true")
+    _require(not (s.spawn and s.urls),
+             f"rollout.server.spawn=true with rollout.server.urls={list(s.urls)}: spawned workers take their own "
+             "ports, so the urls would be ignored; set rollout.server.urls=[] to spawn, or "
+             "rollout.server.spawn=false to connect to those workers")
+
+
 def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     """Field checks (choices, ranges) and cross-field checks; raises :class:`ConfigError` naming
     the key and the numbers."""
@@ -88,6 +136,7 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
              "(log-probs are computed from logits / T)")
     _validate_lr(cfg.optim)
+    _validate_server(cfg, world_size)
     _validate_algorithm(cfg.algorithm, r)
 
 
@@ -130,13 +179,28 @@ def _validate_algorithm(a: AlgorithmConfig, r: RolloutConfig) -> None:
         _require(a.loss_agg == need, f"algorithm.loss_agg={a.loss_agg} cannot apply to algorithm.policy_loss="
                  f"{a.policy_loss}: its sequence-level ratio is one value per response, so responses must weigh "
                  f"equally; set algorithm.loss_agg={need}" + fix)
-    rc = a.rollout_correction
-    check_rollout_correction_logprobs(rc.mode, r.return_logprobs)
-    if rc.mode == "mis":
-        check_mis_bounds(rc.mis_low, rc.mis_high)
+    _validate_correction(a.rollout_correction, r)
     _validate_token_method(a)
     d = a.dapo
     check_overlong_buffer(d.overlong_buffer, r.max_new_tokens)
+
+
+def _validate_correction(rc: RolloutCorrectionConfig, r: RolloutConfig) -> None:
+    """The rollout correction's rules, on its effective mode (:func:`effective_correction_mode`)."""
+    mode = effective_correction_mode(r, rc)
+    k = r.async_.max_staleness
+    if rc.mode == "auto" and mode != "none":
+        _require(r.return_logprobs,
+                 f"algorithm.rollout_correction.mode=auto is {mode} here (rollout.placement=server, "
+                 f"rollout.async.max_staleness={k} > 0) and needs the engine's log-probs: set "
+                 "rollout.return_logprobs=true (or algorithm.rollout_correction.mode=none to train uncorrected)")
+    check_rollout_correction_logprobs(mode, r.return_logprobs)
+    if mode == "mis":
+        check_mis_bounds(rc.mis_low, rc.mis_high)
+    if rc.mode == "none" and r.placement == "server" and k > 0:
+        _warn_once(f"algorithm.rollout_correction.mode=none with rollout.async.max_staleness={k}: samples from "
+                   "weights up to k steps old are trained without an importance-sampling correction, which "
+                   "NeMo-RL's async GRPO guide calls required for convergence; mode=auto (the default) uses tis")
 
 
 def _validate_token_method(a: AlgorithmConfig) -> None:

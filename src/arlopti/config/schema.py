@@ -31,7 +31,7 @@ class ConfigError(ValueError):
 
 
 def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Callable[[], Any] | None = None,
-            choices: Any = None, range: str | None = None) -> Any:
+            choices: Any = None, range: str | None = None, key: str | None = None) -> Any:
     """``field(default=..., metadata={"help": ..., "choices": ..., "range": ...})``.
 
     ``choices``: a tuple of allowed values, a dict value -> note (shown in messages and docs), or
@@ -43,8 +43,13 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Call
     ``true``/``false``, an ``int`` only an integer, a ``float`` only a finite number (``inf`` only where ``range`` is
     closed at an infinite end, e.g. ``"[0, inf]"``; ``nan`` never), a ``tuple[float, float]`` exactly
     two of them.
+
+    ``key``: the name the YAML and the command line use when it cannot be the Python name (a
+    keyword: ``rollout.async`` is the field ``async_``); :func:`config_key` reads it.
     """
     meta = {"help": help}
+    if key is not None:
+        meta["key"] = key
     if choices is not None:
         meta["choices"] = choices
     if range is not None:
@@ -52,6 +57,11 @@ def setting(default: Any = dataclasses.MISSING, help: str = "", *, factory: Call
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def config_key(f: dataclasses.Field) -> str:
+    """The name of field ``f`` in the YAML and on the command line (its ``key`` alias, else its name)."""
+    return f.metadata.get("key", f.name)
 
 
 def _registry(name: str, filled_by: str = "arlopti.algorithms", notes: bool = False) -> Callable[[], Any]:
@@ -127,8 +137,10 @@ class RolloutCorrectionConfig:
     (rollout.return_logprobs=true)."""
 
     mode: str = setting(
-        "none", "how the engine/trainer ratio w = pi_trainer / pi_engine enters the policy loss",
-        choices=_registry("ROLLOUT_CORRECTIONS", "arlopti.algorithms.mismatch", notes=True))
+        "auto", "how the engine/trainer ratio w = pi_trainer / pi_engine enters the policy loss",
+        choices=lambda: {"auto": "tis when rollout.placement=server and rollout.async.max_staleness > 0, else none "
+                                 "(arlopti.config.rules.effective_correction_mode)",
+                         **_registry("ROLLOUT_CORRECTIONS", "arlopti.algorithms.mismatch", notes=True)()})
     cap: float = setting(2.0, "TIS / sequence-level TIS: the truncation C of the weight", range="(0, inf)")
     mis_low: float = setting(0.5, "MIS: lowest kept ratio", range="[0, inf)")
     mis_high: float = setting(2.0, "MIS: highest kept ratio", range="(0, inf)")
@@ -340,6 +352,46 @@ class ModelConfig:
 
 
 @dataclass
+class ServerConfig:
+    """Rollout workers in their own processes (``rollout.placement=server``): each runs vLLM's own
+    OpenAI-compatible server (arlopti/rollout/serve.py); weights reach it through vLLM's weight-transfer
+    routes over a torch.distributed gloo group (arlopti/rollout/gloo_transfer.py). docs/scaling.md."""
+
+    spawn: bool = setting(True, "start the workers on this machine (false: connect to rollout.server.urls)")
+    num_workers: int = setting(1, "spawned workers; a step's groups are split between them, whole",
+                               range="[1, inf)")
+    urls: list[str] = setting(help="workers started separately (python -m arlopti.rollout.serve), as host:port",
+                              factory=list)
+    host: str = setting("127.0.0.1", "serve: the address the worker listens on (0.0.0.0 for other hosts)")
+    port: int = setting(8100, "serve: the worker's HTTP port (a spawned worker takes a free one)",
+                        range="[1, 65535]")
+    transfer_host: str | None = setting(
+        None, "the address workers reach the trainer's weight-transfer rendezvous at; null: 127.0.0.1 when "
+              "spawned, else this host's name")
+    sync_every: int = setting(1, "send the weights every this many rollout steps (the staleness bound "
+                                 "forces a sync when it needs one)", range="[1, inf)")
+    timeout_s: float = setting(300.0, "a generation or a sync unanswered this long is a hung worker",
+                               range="(0, inf)")
+    startup_timeout_s: float = setting(600.0, "a spawned worker must answer within this", range="(0, inf)")
+    max_restarts: int = setting(2, "a spawned worker that dies or hangs is restarted at most this many times; "
+                                   "then the run stops naming it", range="[0, inf)")
+    check_sync: bool = setting(False, "after every sync, compare the worker's log-probs of a probe with the "
+                                      "trainer's (raises beyond sync_check_tol)")
+    sync_check_tol: float = setting(1e-4, "largest |log-prob difference| check_sync accepts (set for fp32 "
+                                          "engines; a bf16 engine needs a looser one)", range="(0, inf)")
+    cpus: str | None = setting(None, "spawned workers run under taskset -c with this CPU list (e.g. '1')")
+
+
+@dataclass
+class AsyncConfig:
+    """Bounded staleness of the rollout workers (``rollout.placement=server``)."""
+
+    max_staleness: int = setting(
+        0, "k: no sample trained at policy version v was generated by a version older than v - k; 0 = "
+           "synchronous (the same tokens and update as colocated)", range="[0, inf)")
+
+
+@dataclass
 class RolloutConfig:
     """Sampling of the training rollouts (and of eval.py)."""
 
@@ -363,7 +415,8 @@ class RolloutConfig:
     enforce_eager: bool = setting(True, "vLLM: no torch.compile / CUDA graphs (faster start, slower decode)")
     max_model_len: int | None = setting(
         None, "vLLM context length; null = min(max_position_embeddings, max_new_tokens + 4096)")
-    sync_bucket_mb: int = setting(256, "vLLM: weights stream to the engine in buckets of this size; 0 = per tensor",
+    sync_bucket_mb: int = setting(256, "vLLM: weights stream to the engine (or the rollout workers) in buckets of "
+                                       "this size; 0 = per tensor",
                                   range="[0, inf)")
     return_logprobs: bool = setting(
         True, "keep the engine's sampling log-probs: the rollout/trainer mismatch metrics (mismatch/*) every step, "
@@ -374,6 +427,12 @@ class RolloutConfig:
                                                 "untouched) with the rest of the weights",
                                       "adapter": "the engine serves LoRA; only the adapter is sent, as a new "
                                                  "versioned LoRA request"})
+    placement: str = setting("colocated", "where generation runs",
+                             choices={"colocated": "in the training process (rollout.backend)",
+                                      "server": "vLLM rollout workers in their own processes (rollout.server, "
+                                                "rollout.async; docs/scaling.md)"})
+    server: ServerConfig = setting(help="the rollout workers of placement=server", factory=ServerConfig)
+    async_: AsyncConfig = setting(help="bounded staleness of placement=server", factory=AsyncConfig, key="async")
 
 
 @dataclass
@@ -414,7 +473,27 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     for group, cls in schemas().items():
-        cs.store(group=group, name="schema", node=cls)
+        cs.store(group=group, name="schema", node=_hydra_node(cls))
+
+
+def _hydra_node(cls: type) -> Any:
+    """The ConfigStore node of schema ``cls``: the dataclass itself, or, where a field has a key alias
+    (:func:`config_key`; a Python keyword cannot be a dataclass field), a mapping under the aliases whose
+    nested groups stay typed; its own values' types are then checked by :mod:`arlopti.config.check`
+    when the run config is built (as every value is)."""
+    fields = dataclasses.fields(cls)
+    if not any("key" in f.metadata for f in fields):
+        return cls
+    from omegaconf import OmegaConf
+
+    node = {}
+    for f in fields:
+        default = _default(f)
+        node[config_key(f)] = _hydra_node(type(default)) if dataclasses.is_dataclass(default) else default
+    node = {k: OmegaConf.structured(v) if isinstance(v, type) else v for k, v in node.items()}
+    out = OmegaConf.create(node)
+    OmegaConf.set_struct(out, True)
+    return out
 
 
 def _default(f: dataclasses.Field) -> Any:

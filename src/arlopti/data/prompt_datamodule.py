@@ -135,6 +135,18 @@ class ResumableBatchSampler(Sampler):
         start = (round_index - 1) * self.global_batch + self.rank * per_rank
         return [int(perm[(start + j) % len(perm)]) for j in range(per_rank)]
 
+    def position_after(self, position: tuple[int, int], steps: int) -> tuple[int, int]:
+        """The position ``steps`` batches after ``position`` (into the next epochs as needed)."""
+        flat = int(position[0]) * self.batches_per_epoch + int(position[1]) + int(steps)
+        return divmod(flat, self.batches_per_epoch)
+
+    def indices_at(self, position: tuple[int, int]) -> list[int]:
+        """This rank's sample indices of the batch at ``position`` (what ``__iter__`` yields there)."""
+        epoch, b = int(position[0]), int(position[1])
+        per_rank = self.global_batch // self.world_size
+        lo = b * self.global_batch + self.rank * per_rank
+        return [int(i) for i in self.order(epoch)[lo:lo + per_rank]]
+
     def mark_consumed(self, position: tuple[int, int]) -> None:
         epoch, batch = position
         self.epoch, self.consumed = epoch, batch + 1
@@ -244,6 +256,13 @@ class PromptDataModule(L.LightningDataModule):
         assert self._sampler is not None, "setup() first"
         idx = self._sampler.extra_indices(position, round_index)
         return collate_prompts([self.train_samples[i] for i in idx], position=tuple(position))
+
+    def batch_ahead(self, position: tuple[int, int], steps: int) -> PromptBatch:
+        """This rank's batch ``steps`` rollout steps after the one at ``position``: what the loader will
+        yield then (rollout.placement=server generates it ahead; the rollout callback checks it is)."""
+        assert self._sampler is not None, "setup() first"
+        pos = self._sampler.position_after(position, steps)
+        return collate_prompts([self.train_samples[i] for i in self._sampler.indices_at(pos)], position=pos)
 
     def mark_consumed(self, batch: PromptBatch) -> None:
         if self._sampler is not None:

@@ -14,12 +14,23 @@ log = logging.getLogger(__name__)
 def learner_state(rollout_step: int, weight_version: int, guard_state: dict, world_size: int,
                   lora_base: dict | None = None) -> dict:
     """``checkpoint["arlopti"]`` (collective when ``world_size > 1``: every rank's RNG state). A LoRA
-    checkpoint holds only the adapter: ``lora_base`` names the base model it belongs to."""
-    state = {"rollout_step": rollout_step, "weight_version": weight_version, **guard_state,
+    checkpoint holds only the adapter: ``lora_base`` names the base model it belongs to.
+    ``policy_version``: the version of the saved weights in the staleness bookkeeping
+    (:mod:`arlopti.algorithms.staleness`: training steps done, = ``rollout_step``), stated explicitly
+    so that rollout workers resumed from it stamp their samples consistently."""
+    state = {"rollout_step": rollout_step, "policy_version": rollout_step, "weight_version": weight_version,
+             **guard_state,
              "world_size": world_size, "rng": gather_rng_states(world_size)}
     if lora_base is not None:
         state["lora_base"] = lora_base
     return state
+
+
+def saved_policy_version(checkpoint: dict) -> int:
+    """The policy version of a checkpoint's weights: its ``policy_version``, or for a checkpoint saved
+    before that key existed its ``rollout_step`` (the same number), or 0."""
+    extra = checkpoint.get("arlopti", {})
+    return int(extra.get("policy_version", extra.get("rollout_step", 0)))
 
 
 def drop_reference_weights(module, state_dict, prefix, local_metadata) -> None:
@@ -62,7 +73,8 @@ def load_learner_state(checkpoint: dict, policy, guard, rank: int, world_size: i
                        lora_base: dict | None = None) -> tuple[int, int, object]:
     """Check that ``checkpoint`` fits ``policy`` (its keys; for a LoRA run, ``lora_base``: the base
     model's identity), restore ``guard``, and return ``(rollout_step, weight_version, this rank's
-    RNG state or None)``."""
+    RNG state or None)``. A checkpoint without ``policy_version`` (saved before it existed) loads as
+    before; one whose ``policy_version`` differs from its ``rollout_step`` raises ``ValueError``."""
     from arlopti.lora import check_base_identity
 
     if "state_dict" in checkpoint:  # single-file checkpoints; FSDP2 folders are checked by the DCP loader
@@ -72,4 +84,8 @@ def load_learner_state(checkpoint: dict, policy, guard, rank: int, world_size: i
         check_base_identity(extra.get("lora_base"), lora_base, "resume")
     guard.load_state_dict(extra)
     rng = rank_rng_state(extra.get("rng") or [], rank, world_size)
-    return int(extra.get("rollout_step", 0)), int(extra.get("weight_version", 0)), rng
+    step = int(extra.get("rollout_step", 0))
+    if saved_policy_version(checkpoint) != step:  # older checkpoints have no policy_version: it is rollout_step
+        raise ValueError(f"checkpoint: policy_version={saved_policy_version(checkpoint)} but rollout_step={step}; "
+                         "the two are the same count (training steps done), so the checkpoint is corrupt")
+    return step, int(extra.get("weight_version", 0)), rng

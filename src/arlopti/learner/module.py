@@ -66,6 +66,11 @@ step's phases and micro-batches token-weighted; Lopti adds them per phase (``upd
 ``update/high/*``). Each declares its reduction over ranks (:mod:`arlopti.learner.step_metrics`).
 docs/metrics.md lists every tag.
 
+Off-policy samples (``rollout.placement=server``): a row's ``Experience.policy_versions`` must lie
+within ``rollout.async.max_staleness`` of ``rollout_step``, checked before the first optimizer step
+(:mod:`arlopti.learner.async_metrics`); logπ_old is still this step's recomputation, so AR and Lopti
+see p_old as on-policy, and the rollout correction weighs π_old / π_behaviour (docs/algorithms.md).
+
 Counters: Lightning's ``global_step`` counts optimizer steps (so Lopti doubles it);
 ``rollout_step`` counts training steps (TensorBoard's x-axis, checkpoint cadence) and
 ``weight_version`` increments on every optimizer step (the rollout engine syncs on it).
@@ -92,6 +97,8 @@ from arlopti.algorithms import Phase, grpo_objective, normaliser
 from arlopti.algorithms.mismatch import correction_weights
 from arlopti.algorithms.plan import phase_names, phase_pass_ends, step_order
 from arlopti.config import RunConfig, check_rollout_correction_logprobs, validate_once
+from arlopti.config.rules import effective_correction_mode
+from arlopti.learner.async_metrics import add_async_metrics
 from arlopti.learner.experience import Experience, experience_of, to_device, without_truncated
 from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard, clip_global_norm, tensors_finite
 from arlopti.learner.optim import build_optimizer
@@ -253,6 +260,10 @@ class GRPOModule(L.LightningModule):
             targets, first_loss = self._reused_targets(exp, old, ref, adv_raw, order[0], micro_plan, metrics, names)
         else:
             targets, first_loss = self._targets(exp, old, ref, adv_raw), None
+        # samples from older weights (placement=server): the staleness bound, checked before any optimizer step;
+        # the flip shares over the tokens the loss sees (exp: mask_truncated leaves truncated rows out)
+        add_async_metrics(metrics, exp, targets.old, self.rollout_step, self.cfg.rollout.async_.max_staleness,
+                          a.lopti.eta)
         # 2. the optimizer steps, in the planned order
         for i, ((phase, mb), pass_ends) in enumerate(zip(order, phase_pass_ends(order))):
             self._update(exp, phase, mb, micro_plan[tuple(mb)], targets, metrics, _prefixes(names, phase),
@@ -348,10 +359,11 @@ class GRPOModule(L.LightningModule):
     def _correction(self, old: Tensor, sub: Experience) -> Tensor | None:
         """The rollout-mismatch weight of one micro-batch (``algorithm.rollout_correction``), or None."""
         rc = self.cfg.algorithm.rollout_correction
-        if rc.mode == "none":
+        mode = effective_correction_mode(self.cfg.rollout, rc)  # auto: tis under bounded staleness k > 0
+        if mode == "none":
             return None
-        check_rollout_correction_logprobs(rc.mode, sub.engine_logprobs is not None)
-        return correction_weights(old, sub.engine_logprobs, sub.response_mask, rc.mode, cap=rc.cap,
+        check_rollout_correction_logprobs(mode, sub.engine_logprobs is not None)
+        return correction_weights(old, sub.engine_logprobs, sub.response_mask, mode, cap=rc.cap,
                                   mis_low=rc.mis_low, mis_high=rc.mis_high)
 
     def _step_or_skip(self, loss: float, metrics: MetricSet, prefixes: list[str]) -> None:

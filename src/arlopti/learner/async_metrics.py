@@ -1,0 +1,59 @@
+"""The staleness guard and the ``async/*`` tags of a step trained on samples from older weights
+(``rollout.placement=server``; docs/metrics.md, docs/algorithms.md "Off-policy samples").
+
+:func:`add_async_metrics` is called by ``GRPOModule.training_step`` once the step's ``logπ_old`` is
+complete and before its first optimizer step, so a sample outside the bound stops the run with the
+weights untouched. Each value is declared with the kind that makes its rank reduction exact
+(:mod:`arlopti.learner.step_metrics`):
+
+* ``async/staleness_mean`` and ``async/staleness_frac/<s>``: ``mean`` weighted by the rank's samples;
+* ``async/staleness_max``: ``max``;
+* ``async/lopti_flip_frac/<b>``: ``mean`` weighted by the rank's valid tokens in bucket ``<b>``, and
+  ``.../all`` by all its valid tokens; a bucket with no token on this rank adds nothing;
+* the rollout workers' side (``Experience.async_stats``: the trainer's wait, the workers' idle time,
+  queue depth, sync and generation time, restarts, the batch's version, each worker's tokens/s):
+  ``max`` (one trainer process drives the workers).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from arlopti.algorithms.buckets import BUCKET_NAMES
+from arlopti.algorithms.staleness import (PREFIX, check_staleness_bound, lopti_flip_counts, sample_staleness,
+                                          staleness_metrics)
+from arlopti.learner.experience import Experience
+from arlopti.learner.step_metrics import MetricSet
+
+
+def add_async_metrics(metrics: MetricSet, exp: Experience, old_log_probs: Tensor, trained_version: int,
+                      max_staleness: int, eta: float) -> None:
+    """Check and describe this rank's samples, if they carry policy versions (else nothing).
+
+    ``trained_version``: the policy version being trained (``rollout_step`` before the step counts
+    itself). Raises :class:`~arlopti.algorithms.staleness.StalenessError` for a sample with
+    staleness outside ``[0, max_staleness]``. With the engine's log-probs, adds the Lopti flip
+    fractions at ``eta`` (``algorithm.lopti.eta``, whether or not Lopti is on: what the split would
+    see)."""
+    for key, value in exp.async_stats.items():
+        metrics.add(f"{PREFIX}/{key}", float(value), "max")
+    if exp.policy_versions is None:
+        return
+    staleness = sample_staleness(trained_version, exp.policy_versions)
+    check_staleness_bound(staleness, max_staleness)
+    n = float(staleness.numel())
+    for key, value in staleness_metrics(staleness, max_staleness).items():
+        kind = "max" if key == f"{PREFIX}/staleness_max" else "mean"
+        metrics.add(key, value, kind, weight=n if kind == "mean" else 1.0)
+    if exp.engine_logprobs is not None:
+        _add_flip_fractions(metrics, exp.engine_logprobs, old_log_probs, exp.response_mask, eta)
+
+
+def _add_flip_fractions(metrics: MetricSet, behaviour: Tensor, old: Tensor, mask: Tensor, eta: float) -> None:
+    flips, tokens = lopti_flip_counts(behaviour, old, mask, eta)
+    for b, name in enumerate(BUCKET_NAMES):
+        if tokens[b] > 0:
+            metrics.add(f"{PREFIX}/lopti_flip_frac/{name}", float(flips[b] / tokens[b]), weight=float(tokens[b]))
+    total = float(tokens.sum())
+    if total > 0:
+        metrics.add(f"{PREFIX}/lopti_flip_frac/all", float(flips.sum()) / total, weight=total)

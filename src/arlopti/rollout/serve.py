@@ -1,0 +1,176 @@
+"""A rollout worker: vLLM's own OpenAI-compatible server on the policy's model, ready for weight syncs.
+
+Started by the trainer (``rollout.placement=server rollout.server.spawn=true``) or by hand on
+another host, then named in the trainer's ``rollout.server.urls``::
+
+    python -m arlopti.rollout.serve model=smollm2 rollout.server.host=0.0.0.0 rollout.server.port=8100
+
+The overrides are the training run's own (``train.yaml`` composed with them); only ``model.*`` and
+``rollout.*`` are read. What it does:
+
+1. loads the policy's model exactly as the trainer does (:func:`arlopti.models.load_causal_lm`) and
+   takes its base identity (:func:`arlopti.lora.base_identity`: the architecture and a fingerprint of
+   the embedding); the identity becomes the served model name, ``arlopti-<fingerprint>``, which the
+   trainer compares with its own when it connects (a worker built from another base is refused);
+2. writes the engine's model directory (config, tokenizer; no weights: vLLM starts with dummy weights
+   and the trainer's first sync loads the policy), as the colocated engine does
+   (:func:`arlopti.rollout.vllm_startup.save_for_engine`);
+3. runs ``vllm.entrypoints.openai.api_server`` as a child process with the RL routes
+   (``VLLM_SERVER_DEV_MODE=1``: pause, weight transfer, prefix-cache reset), the tokens-in/tokens-out
+   route ``/inference/v1/generate`` (``--enable-scale-out``), processed log-probs, and the gloo
+   weight-transfer engine (:mod:`arlopti.rollout.gloo_transfer`);
+4. supervises it: SIGTERM / SIGINT stop the server; with ``--parent-pid`` (the trainer spawned it) a
+   watchdog stops everything within a second once the trainer is gone, even killed with SIGKILL, so
+   no worker outlives its trainer. The server and vLLM's engine process share this process's group
+   (the trainer starts it in a new session), and the whole group is killed on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from arlopti.rollout.server_client import served_model_name
+
+log = logging.getLogger("arlopti.rollout.serve")
+
+def vllm_server_argv(model_dir: str, served_name: str, dtype: str, max_model_len: int, rollout, *,
+                     host: str, port: int) -> list[str]:
+    """The vLLM API server's command line (a pure function of its inputs)."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+            "--served-model-name", served_name, "--dtype", dtype, "--max-model-len", str(max_model_len),
+            "--host", host, "--port", str(port), "--seed", str(rollout.seed), "--load-format", "dummy",
+            "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
+            "--gpu-memory-utilization", str(rollout.gpu_memory_utilization),
+            "--weight-transfer-config", json.dumps({"backend": "arlopti_gloo"}),
+            "--worker-extension-cls", "arlopti.rollout.gloo_transfer.GlooWorkerExtension",
+            "--disable-log-stats", "--uvicorn-log-level", "warning"]
+    if rollout.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv
+
+
+def server_env(base: dict | None = None) -> dict:
+    """The server's environment: the RL routes on; a 1 GiB KV cache on CPU unless the user set one."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+def prepare_model_dir(model_cfg, rollout_cfg, out_dir: Path) -> tuple[dict, str, int]:
+    """Load the model as the trainer does, write the engine's directory, and return
+    ``(base identity, dtype name, max_model_len)``."""
+    from arlopti.lora import base_identity
+    from arlopti.models import load_causal_lm, load_tokenizer
+    from arlopti.rollout.vllm_startup import _dtype_name, engine_model_spec, save_for_engine
+
+    tokenizer = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
+    model = load_causal_lm(model_cfg.name_or_path, tokenizer, dtype=model_cfg.dtype, tiny=model_cfg.tiny)
+    identity = base_identity(model)
+    dtype, max_len, _ = engine_model_spec(model, rollout_cfg)
+    save_for_engine(model, tokenizer, out_dir, dtype, 0, weights=False)
+    del model
+    return identity, _dtype_name(dtype), max_len
+
+
+def _parent_gone(parent_pid: int) -> bool:
+    return os.getppid() != parent_pid
+
+
+def supervise(argv: list[str], env: dict, parent_pid: int | None, cpus: str | None = None) -> int:
+    """Run the server until it exits, a signal arrives, or the parent (trainer) is gone."""
+    if cpus:
+        argv = ["taskset", "-c", str(cpus), *argv]
+    child = subprocess.Popen(argv, env=env)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    while child.poll() is None and not stop.is_set():
+        if parent_pid is not None and _parent_gone(parent_pid):
+            log.warning("the trainer (pid %d) is gone: stopping this rollout worker", parent_pid)
+            break
+        time.sleep(0.5)
+    if child.poll() is None:
+        child.terminate()
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+    return child.returncode or 0
+
+
+def _configs(overrides: list[str], run_config: str | None):
+    """``(model config, rollout config)`` from a run-config JSON (spawned) or train.yaml + overrides
+    (composed as ``data.preview`` and ``train.py`` compose it)."""
+    from arlopti.config import ModelConfig, RolloutConfig, from_dict
+
+    if run_config:
+        data = json.loads(Path(run_config).read_text())
+    else:
+        from omegaconf import OmegaConf
+
+        from arlopti.data.preview import compose
+
+        cfg = compose(overrides)
+        data = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "rollout")}
+    return from_dict(ModelConfig, data["model"], "model"), from_dict(RolloutConfig, data["rollout"], "rollout")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m arlopti.rollout.serve", description=__doc__.split("\n")[0])
+    parser.add_argument("--run-config", help="JSON with the model and rollout configs (the trainer writes it)")
+    parser.add_argument("--port", type=int, help="overrides rollout.server.port")
+    parser.add_argument("--parent-pid", type=int, help="stop when this process (the trainer) is gone")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of train.yaml (model=..., rollout.server.*)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="[serve %(process)d] %(message)s")
+    model_cfg, rollout_cfg = _configs(args.overrides, args.run_config)
+    server = rollout_cfg.server
+    port = args.port or server.port
+    model_dir = Path(tempfile.mkdtemp(prefix="arlopti-serve-"))
+    try:
+        identity, dtype, max_len = prepare_model_dir(model_cfg, rollout_cfg, model_dir)
+        name = served_model_name(identity)
+        log.info("serving %s (%s) at %s:%d as %s", model_cfg.name_or_path, dtype, server.host, port, name)
+        argv_ = vllm_server_argv(str(model_dir), name, dtype, max_len, rollout_cfg, host=server.host, port=port)
+        return supervise(argv_, server_env(), args.parent_pid, server.cpus)
+    finally:
+        shutil.rmtree(model_dir, ignore_errors=True)
+        kill_own_group()
+
+
+def kill_own_group() -> None:
+    """SIGKILL every other process of this process's group when it leads one (a spawned worker: the
+    trainer starts it in a new session): vLLM's engine process stays in the group even when the server
+    that started it is gone."""
+    import psutil
+
+    group = os.getpgid(0)
+    if group != os.getpid():
+        return
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if proc.pid != os.getpid() and os.getpgid(proc.pid) == group:
+                proc.kill()
+        except (ProcessLookupError, psutil.Error):
+            continue
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""The trainer's side of one rollout worker (``rollout.placement=server``): start, connect, sync, sample.
+
+A worker is vLLM's OpenAI-compatible server started by :mod:`arlopti.rollout.serve`, on this
+machine (:meth:`RolloutWorker.spawn`) or elsewhere (:meth:`RolloutWorker.remote`). Everything goes
+through vLLM's own HTTP routes:
+
+* ``GET /v1/models``: readiness, and the served name ``arlopti-<base fingerprint>`` compared with the
+  trainer's own base (:meth:`RolloutWorker.check_base`): another base model is refused at connect time;
+* the weight-transfer routes, driven by :class:`arlopti.rollout.gloo_transfer.GlooSender`, then
+  ``/reset_prefix_cache`` (cached KV blocks were computed with the old weights);
+* ``POST /inference/v1/generate``: token ids in, token ids and processed log-probs out, one request
+  per response with its own seed (the colocated engine's seeding, :func:`arlopti.rollout.hf.sample_seed`),
+  all of a batch in flight at once. vLLM reports the weight version of every token span; a response
+  that is not entirely of the version the worker was synced to is an error (:class:`WorkerError`).
+
+Faults: a refused connection, an HTTP error or a request unanswered within
+``rollout.server.timeout_s`` raises :class:`WorkerError` naming the worker; the pool
+(:mod:`arlopti.rollout.server_rollouts`) restarts a spawned worker or stops the run. A spawned worker
+runs in its own session, with the trainer's pid as its watchdog's parent (no orphan if the trainer is
+killed), and :meth:`RolloutWorker.stop` kills its whole process group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from arlopti.rollout.engine import Completion, SamplingConfig
+from arlopti.rollout.gloo_transfer import GlooSender
+from arlopti.rollout.hf import sample_seed
+log = logging.getLogger(__name__)
+
+#: The name prefix of a served model: ``arlopti-<first 16 hex digits of the base fingerprint>``.
+SERVED_PREFIX = "arlopti-"
+
+
+def served_model_name(identity: dict) -> str:
+    """The served model name that carries the base identity (:func:`arlopti.lora.base_identity`);
+    :mod:`arlopti.rollout.serve` serves under it and :meth:`RolloutWorker.check_base` compares it."""
+    return SERVED_PREFIX + identity["fingerprint"][:16]
+
+
+def write_run_config(model_cfg, rollout_cfg, path: Path) -> Path:
+    """The JSON a spawned worker reads (``serve --run-config``): the trainer's own model and rollout configs."""
+    path.write_text(json.dumps({"model": dataclasses.asdict(model_cfg), "rollout": dataclasses.asdict(rollout_cfg)}))
+    return path
+
+
+class WorkerError(RuntimeError):
+    """A rollout worker failed (died, hung, refused, or answered wrongly); the message names it."""
+
+    def __init__(self, worker: str, what: str):
+        super().__init__(f"rollout worker {worker}: {what}")
+        self.worker = worker
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _url(host_port: str) -> str:
+    return host_port if host_port.startswith("http") else f"http://{host_port}"
+
+
+class RolloutWorker:
+    """One worker (module docstring). Create with :meth:`spawn` (then ``_launch``) or :meth:`remote`;
+    :meth:`wait_ready`, :meth:`check_base`, :meth:`start_transfer`, then :meth:`sync` and :meth:`generate`."""
+
+    def __init__(self, url: str, *, timeout_s: float, transfer_host: str, name: str,
+                 spawn_args: dict | None = None):
+        self.url = _url(url).rstrip("/")
+        self.name = name
+        self.timeout_s = float(timeout_s)
+        self.transfer_host = transfer_host
+        self.spawn_args = spawn_args  # None: started by the user elsewhere (cannot be restarted by us)
+        self.process: subprocess.Popen | None = None
+        self.sender: GlooSender | None = None
+        self.version: int | None = None
+        self.restarts = 0
+        self.generated_tokens = 0
+        self._local = threading.local()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def remote(cls, host_port: str, server_cfg) -> "RolloutWorker":
+        host = server_cfg.transfer_host or socket.getfqdn()
+        return cls(host_port, timeout_s=server_cfg.timeout_s, transfer_host=host, name=_url(host_port))
+
+    @classmethod
+    def spawn(cls, index: int, model_cfg, rollout_cfg, run_dir: Path) -> "RolloutWorker":
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cfg_file = write_run_config(model_cfg, rollout_cfg, run_dir / f"worker{index}.json")
+        args = dict(cfg_file=str(cfg_file), log=str(run_dir / f"worker{index}.log"),
+                    startup_timeout_s=rollout_cfg.server.startup_timeout_s)
+        server = rollout_cfg.server
+        worker = cls("127.0.0.1:0", timeout_s=server.timeout_s, transfer_host=server.transfer_host or "127.0.0.1",
+                     name=f"worker{index}", spawn_args=args)
+        return worker
+
+    @property
+    def spawned(self) -> bool:
+        return self.spawn_args is not None
+
+    def _launch(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        a = self.spawn_args
+        argv = [sys.executable, "-m", "arlopti.rollout.serve", "--run-config", a["cfg_file"], "--port", str(port),
+                "--parent-pid", str(os.getpid())]
+        with open(a["log"], "ab") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        log.info("started rollout %s (pid %d) at %s; its log: %s", self.name, self.process.pid, self.url, a["log"])
+
+    def start_transfer(self) -> None:
+        """Form the weight-transfer group with the worker; its weights are unknown until the next sync."""
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = GlooSender(self.post, self.transfer_host, self.timeout_s)
+        self.sender.connect()
+        self.version = None
+
+    def wait_ready(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise WorkerError(self.name, f"exited with status {self.process.returncode} while starting; "
+                                             f"its log: {self.spawn_args['log']}\n{self.log_tail()}")
+            try:
+                if requests.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise WorkerError(self.name, f"did not answer at {self.url} within {wait_s:.0f} s "
+                                     f"(rollout.server.startup_timeout_s)" + (f"\n{self.log_tail()}" if self.spawned else ""))
+
+    def log_tail(self, lines: int = 15) -> str:
+        if not self.spawned or not Path(self.spawn_args["log"]).exists():
+            return ""
+        return "\n".join(Path(self.spawn_args["log"]).read_text(errors="replace").splitlines()[-lines:])
+
+    def check_base(self, expected: str) -> None:
+        """Refuse a worker whose served model is not the trainer's base (module docstring)."""
+        served = self.get("v1/models")["data"][0]["id"]
+        if served != expected:
+            what = ("was not started by arlopti.rollout.serve" if not served.startswith(SERVED_PREFIX)
+                    else "was built from another base model")
+            raise WorkerError(self.name, f"serves {served!r}, but the trainer's base model is {expected!r}: it {what}. "
+                                         "Start it with the trainer's model=... (python -m arlopti.rollout.serve "
+                                         "model=<the trainer's> ...).")
+
+    # ------------------------------------------------------------------ HTTP
+    def _session(self) -> requests.Session:
+        if not hasattr(self._local, "session"):
+            self._local.session = requests.Session()
+        return self._local.session
+
+    def _call(self, method: str, path: str, json: dict | None = None):
+        try:
+            r = self._session().request(method, f"{self.url}/{path}", json=json, timeout=self.timeout_s)
+        except requests.Timeout as err:
+            raise WorkerError(self.name, f"{path} unanswered after {self.timeout_s:.0f} s (rollout.server.timeout_s): "
+                                         "hung") from err
+        except requests.RequestException as err:
+            raise WorkerError(self.name, f"{path} failed: {type(err).__name__}: {err} (dead?)") from err
+        if r.status_code != 200:
+            raise WorkerError(self.name, f"{path} answered {r.status_code}: {r.text[:500]}")
+        return r.json() if r.content else None
+
+    def post(self, path: str, json: dict | None = None):
+        return self._call("POST", path, json)
+
+    def get(self, path: str):
+        return self._call("GET", path)
+
+    # ------------------------------------------------------------------ weights
+    def sync(self, items, bucket_bytes: int, dtype, version: int) -> dict:
+        """Send the weights (:meth:`GlooSender.send`) as ``version`` and reset the prefix cache."""
+        if self.sender is None:
+            raise WorkerError(self.name, "sync before start()")
+        sent = self.sender.send(items, bucket_bytes, dtype, version)
+        self.post("reset_prefix_cache")
+        self.version = version
+        return sent
+
+    # ------------------------------------------------------------------ sampling
+    def request(self, prompt: list[int], sampling: SamplingConfig, seed: int | None) -> dict:
+        params = dict(n=1, temperature=float(sampling.temperature), top_p=float(sampling.top_p),
+                      top_k=int(sampling.top_k) if sampling.top_k and sampling.top_k > 0 else -1,
+                      max_tokens=int(sampling.max_new_tokens), include_stop_str_in_output=True,
+                      skip_special_tokens=True, seed=seed)
+        if sampling.stop:
+            params["stop"] = list(sampling.stop)
+        if sampling.logprobs:
+            params["logprobs"] = 0
+        body = {"token_ids": list(prompt), "sampling_params": params}
+        if sampling.stop:  # stop strings need the detokenised text on the server
+            body["output_mode"] = "text"
+        return body
+
+    def generate(self, prompts: list[list[int]], first_index: int, n: int, sampling: SamplingConfig,
+                 tokenizer, pool: ThreadPoolExecutor) -> list[list[Completion]]:
+        """``n`` completions of each prompt; prompt ``i`` here is prompt ``first_index + i`` of the step
+        (its seeds are the colocated engine's for that index)."""
+        jobs = []
+        for i, p in enumerate(prompts):
+            for j in range(n):
+                seed = None if sampling.seed is None or sampling.temperature == 0 else \
+                    sample_seed(sampling.seed, first_index + i, j)
+                jobs.append(pool.submit(self.post, "inference/v1/generate", self.request(p, sampling, seed)))
+        outs = [self._completion(f.result(), sampling.logprobs, tokenizer) for f in jobs]
+        self.generated_tokens += sum(len(c.token_ids) for c in outs)
+        return [outs[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def _completion(self, response: dict, want_logprobs: bool, tokenizer) -> Completion:
+        (choice,) = response["choices"]
+        ids = list(choice["token_ids"])
+        versions = {v["version"] for v in choice.get("weight_versions") or []}
+        if self.version is not None and versions and versions != {str(self.version)}:
+            raise WorkerError(self.name, f"a response was generated by weight version(s) {sorted(versions)}, "
+                                         f"but the worker was synced to {self.version}")
+        reason = choice["finish_reason"]
+        if reason not in ("stop", "length"):
+            raise WorkerError(self.name, f"finished a request with reason {reason!r}")
+        lps = None
+        if want_logprobs:
+            content = (choice.get("logprobs") or {}).get("content") or []
+            if len(content) != len(ids):
+                raise WorkerError(self.name, "returned no log-probs for a request that asked for them")
+            lps = [float(c["logprob"]) for c in content]
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(token_ids=ids, text=text, finish_reason=reason, logprobs=lps)
+
+    # ------------------------------------------------------------------ life
+    def alive(self) -> bool:
+        return self.process is None or self.process.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop a spawned worker and everything in its process group (SIGTERM, then SIGKILL)."""
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+        proc, self.process = self.process, None
+        if proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+                os.killpg(proc.pid, signal.SIGCONT)  # a stopped (hung) worker acts on SIGTERM only once resumed
+            except (ProcessLookupError, PermissionError):
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # the group may outlive its leader (vLLM's engine process): no survivor
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+__all__ = ["SERVED_PREFIX", "RolloutWorker", "WorkerError", "free_port", "served_model_name", "write_run_config"]

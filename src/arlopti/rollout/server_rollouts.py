@@ -1,0 +1,242 @@
+"""``rollout.placement=server``: rollout workers that generate ahead of the trainer, within the bound.
+
+:class:`ServerRollouts` owns the workers (:class:`arlopti.rollout.server_client.RolloutWorker`), one
+background thread that generates whole steps' batches in order, and the queue of their futures. At
+the start of every training step :meth:`ServerRollouts.completions` follows
+:func:`arlopti.rollout.async_plan.plan_step`: waits for what the plan needs, sends the weights when it
+says so (every worker, bucket by bucket, tagged with the policy version), queues the next batches
+(their prompts from :meth:`arlopti.data.prompt_datamodule.PromptDataModule.batch_ahead`), and returns
+step ``t``'s completions with the version that generated them. A step's prompts are split between the
+workers in contiguous, whole groups.
+
+Seeds are the colocated engine's (step seed from ``rollout.seed``, the step and the rank; one seed
+per response), so with ``max_staleness = 0`` the tokens are those of ``placement=colocated``.
+
+Faults (all handled here, on the trainer's thread): a :class:`~arlopti.rollout.server_client.WorkerError`
+from a batch or a sync drops every queued batch, restarts the failed worker if this trainer spawned it
+and it has restarts left (``rollout.server.max_restarts``), re-syncs every worker to the current
+version and regenerates (staleness only drops). A worker started by the user, or one out of restarts,
+stops the run with an error naming it. :meth:`close` stops every spawned worker.
+
+Measured per step (``async/*``, docs/metrics.md): the trainer's wait, each worker's idle time and
+tokens/s, the queue depth, sync time and the number of restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from arlopti.rollout.async_plan import plan_step
+from arlopti.rollout.engine import Completion, SamplingConfig
+from arlopti.rollout.server_client import RolloutWorker, WorkerError, served_model_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    """One step's generation: its prompts, the version generating it, and its result when done."""
+
+    step: int
+    prompts: object  # PromptBatch
+    version: int
+    future: Future
+    queued_at: float
+    stats: dict = field(default_factory=dict)
+
+
+class ServerRollouts:
+    """See the module docstring. ``sampling_for(step) -> SamplingConfig``: the step's sampling (its seed)."""
+
+    def __init__(self, workers: list[RolloutWorker], rollout_cfg, base_name: str, tokenizer, group_size: int):
+        self.workers = workers
+        self.cfg = rollout_cfg
+        self.base_name = base_name
+        self.tokenizer = tokenizer
+        self.group_size = group_size
+        self.queue: dict[int, Batch] = {}
+        self.last_scheduled = -1
+        self.version: int | None = None
+        self.restarts = 0
+        self._gen = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arlopti-rollout")
+        # one thread per request in flight (one request per response): the whole step reaches vLLM's scheduler
+        self._http = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="arlopti-http")
+        self._idle_since = time.perf_counter()
+        self._idle_s = 0.0
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def start(cls, model_cfg, rollout_cfg, identity: dict, tokenizer, group_size: int, run_dir: Path
+              ) -> "ServerRollouts":
+        """Spawn or connect to the workers (``rollout.server``) and check each one's base model."""
+        s = rollout_cfg.server
+        if s.spawn:
+            workers = [RolloutWorker.spawn(i, model_cfg, rollout_cfg, run_dir) for i in range(s.num_workers)]
+        else:
+            workers = [RolloutWorker.remote(u, s) for u in s.urls]
+        pool = cls(workers, rollout_cfg, served_model_name(identity), tokenizer, group_size)
+        try:
+            for w in workers:  # spawned ones start together; each is then waited for
+                if w.spawned:
+                    w._launch()
+            for w in workers:
+                w.wait_ready(s.startup_timeout_s if w.spawned else s.timeout_s)
+                w.check_base(pool.base_name)
+                w.start_transfer()
+        except BaseException:
+            pool.close()
+            raise
+        return pool
+
+    # ------------------------------------------------------------------ the step
+    def completions(self, step: int, prompts, ahead: Callable[[int], object], policy_items: Callable[[], list],
+                    sampling_for: Callable[[int], SamplingConfig], wire_dtype: torch.dtype
+                    ) -> tuple[list[list[Completion]], int, dict]:
+        """Step ``step``'s completions of ``prompts`` (this step's batch from the loader), the version that
+        generated them, and the step's ``async/*`` statistics. ``ahead(j)``: the batch ``j`` steps later;
+        ``policy_items()``: the ``(checkpoint name, parameter)`` pairs to send."""
+        stats = {"trainer_wait_s": 0.0, "sync_s": 0.0}
+        for attempt in range(self._max_attempts()):
+            try:
+                return self._completions(step, prompts, ahead, policy_items, sampling_for, wire_dtype, stats)
+            except WorkerError as err:
+                self._recover(err, attempt)
+        raise AssertionError("unreachable")
+
+    def _max_attempts(self) -> int:
+        return 1 + self.cfg.server.max_restarts * max(1, len(self.workers))
+
+    def _completions(self, step, prompts, ahead, policy_items, sampling_for, wire_dtype, stats):
+        if self.last_scheduled < step - 1:
+            self.last_scheduled = step - 1  # nothing queued (first step, resume, restart): start from here
+        plan = plan_step(step, self.version, self.last_scheduled, self.cfg.async_.max_staleness,
+                         self.cfg.server.sync_every)
+        if plan.sync:
+            stats["trainer_wait_s"] += self._drain()
+            t0 = time.perf_counter()
+            items = policy_items()
+            for w in self.workers:
+                w.sync(items, int(self.cfg.sync_bucket_mb) * 2**20 or 1, wire_dtype, plan.version)
+            self.version = plan.version
+            stats["sync_s"] = time.perf_counter() - t0
+        for s in plan.schedule:
+            batch = prompts if s == step else ahead(s - step)
+            self._queue(s, batch, sampling_for(s))
+        stats["queue_depth"] = float(len(self.queue))
+        batch = self.queue.pop(step)
+        self._check_prompts(batch, prompts)
+        t0 = time.perf_counter()
+        completions = batch.future.result()
+        stats["trainer_wait_s"] += time.perf_counter() - t0
+        stats.update(batch.stats, worker_idle_s=self._take_idle(), restarts=float(self.restarts),
+                     policy_version=float(batch.version))
+        return completions, batch.version, stats
+
+    def _queue(self, step: int, prompts, sampling: SamplingConfig) -> None:
+        version = self.version
+        b = Batch(step, prompts, version, Future(), time.perf_counter())
+        b.future = self._gen.submit(self._generate, b, sampling)
+        self.queue[step] = b
+        self.last_scheduled = step
+
+    def _generate(self, b: Batch, sampling: SamplingConfig) -> list[list[Completion]]:
+        """Runs on the generation thread: the step's prompts split between the workers, in parallel."""
+        start = time.perf_counter()
+        self._idle_s += start - self._idle_since
+        ids = list(b.prompts.prompt_ids)
+        chunks = _split(len(ids), len(self.workers))
+        with ThreadPoolExecutor(max_workers=len(self.workers)) as per_worker:
+            futs = {i: per_worker.submit(self._timed, w, ids[lo:hi], lo, sampling)
+                    for i, (w, (lo, hi)) in enumerate(zip(self.workers, chunks)) if hi > lo}
+            parts = {i: f.result() for i, f in futs.items()}
+        self._idle_since = time.perf_counter()
+        out: list[list[Completion]] = []
+        for i, (groups, tokens, seconds) in parts.items():  # in worker order: the step's prompt order
+            out += groups
+            b.stats[f"worker{i}/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
+        b.stats["generate_s"] = self._idle_since - start
+        return out
+
+    def _timed(self, worker: RolloutWorker, prompts, first: int, sampling: SamplingConfig):
+        t0 = time.perf_counter()
+        groups = worker.generate(prompts, first, self.group_size, sampling, self.tokenizer, self._http)
+        return groups, sum(len(c.token_ids) for g in groups for c in g), time.perf_counter() - t0
+
+    def _drain(self) -> float:
+        """Wait for every queued batch to finish generating (a sync changes weights between batches)."""
+        t0 = time.perf_counter()
+        for b in list(self.queue.values()):
+            b.future.exception()  # waits; a failure is raised when the batch is taken (or by _recover)
+        for b in self.queue.values():
+            if b.future.exception() is not None:
+                raise b.future.exception()
+        return time.perf_counter() - t0
+
+    def _take_idle(self) -> float:
+        idle, self._idle_s = self._idle_s, 0.0
+        return idle
+
+    @staticmethod
+    def _check_prompts(batch: Batch, prompts) -> None:
+        if list(batch.prompts.prompt_ids) != list(prompts.prompt_ids):
+            raise RuntimeError(f"the batch generated ahead for step {batch.step} holds other prompts than the "
+                               "loader's: the data order is not the one PromptDataModule.batch_ahead predicts "
+                               "(a custom sampler?); use rollout.async.max_staleness=0")
+
+    # ------------------------------------------------------------------ faults
+    def _recover(self, err: WorkerError, attempt: int) -> None:
+        """Drop the queue, restart the failed worker (or stop the run), and force a re-sync."""
+        for b in self.queue.values():
+            b.future.cancel()
+        for b in self.queue.values():
+            if not b.future.cancelled():
+                b.future.exception()
+        self.queue.clear()
+        self.last_scheduled = -1
+        self.version = None  # every worker gets the current weights again
+        worker = next((w for w in self.workers if w.name == getattr(err, "worker", None)), None)
+        if worker is None or not worker.spawned:
+            raise RuntimeError(f"{err}\nIt was started separately (rollout.server.urls): restart it with "
+                               "python -m arlopti.rollout.serve and resume from the last checkpoint.") from err
+        if worker.restarts >= self.cfg.server.max_restarts:
+            raise RuntimeError(f"{err}\nIt was restarted {worker.restarts} time(s) already "
+                               f"(rollout.server.max_restarts={self.cfg.server.max_restarts}); its log: "
+                               f"{worker.spawn_args['log']}") from err
+        log.warning("%s; restarting it (%d of at most %d)", err, worker.restarts + 1, self.cfg.server.max_restarts)
+        worker.stop(grace_s=2.0)
+        worker.restarts += 1
+        self.restarts += 1
+        worker._launch()
+        worker.wait_ready(self.cfg.server.startup_timeout_s)
+        worker.check_base(self.base_name)
+        worker.start_transfer()
+
+    def close(self) -> None:
+        for b in self.queue.values():
+            b.future.cancel()
+        self.queue.clear()
+        self._gen.shutdown(wait=False, cancel_futures=True)
+        self._http.shutdown(wait=False, cancel_futures=True)
+        for w in self.workers:
+            w.stop()
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges covering ``range(n)``, sizes differing by at most one."""
+    base, extra = divmod(n, parts)
+    out, lo = [], 0
+    for i in range(parts):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+__all__ = ["ServerRollouts"]

