@@ -44,6 +44,7 @@ from arlopti.rollout.server_client import served_model_name
 
 log = logging.getLogger("arlopti.rollout.serve")
 
+
 def vllm_server_argv(model_dir: str, served_name: str, dtype: str, max_model_len: int, rollout, *,
                      host: str, port: int) -> list[str]:
     """The vLLM API server's command line (a pure function of its inputs)."""
