@@ -183,3 +183,11 @@ def test_identical_log_probs_are_no_mismatch(example):
         assert m[f"mismatch/{key}"] == 0.0
     for mode in ("tis", "seq_tis", "mis"):
         close(correction_weights(old, old, mask, mode), [[1, 1, 0], [1, 1, 1]])
+
+
+def test_auto_must_be_resolved_before_it_weighs_anything():
+    """``mode=auto`` is a config value (tis under bounded staleness, else none): the weight function
+    refuses it by name instead of failing on a registry lookup."""
+    lp = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="effective_correction_mode; pass the resolved mode"):
+        correction_weights(lp, lp, torch.ones(1, 2), "auto", cap=2.0, mis_low=0.5, mis_high=2.0)

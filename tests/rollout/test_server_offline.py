@@ -128,3 +128,17 @@ def test_two_workers_share_a_step_in_prompt_order_with_their_seeds(monkeypatch):
     assert sorted(calls) == [("http://h0:1", 0, 3), ("http://h1:1", 3, 2)]
     assert {"worker0/tokens_per_s", "worker1/tokens_per_s", "generate_s"} <= set(batch.stats)
     pool.close()
+
+
+def test_each_spawned_worker_gets_its_own_gpu_when_devices_are_given(tmp_path):
+    from arlopti.config import ConfigError, ModelConfig, RunConfig, validate_run
+    from arlopti.rollout.server_client import worker_env
+
+    assert worker_env([], 0) == {} and worker_env(["4", "5"], 1) == {"CUDA_VISIBLE_DEVICES": "5"}
+    cfg = RolloutConfig(placement="server", server=ServerConfig(num_workers=2, devices=["4", "5"]))
+    worker = RolloutWorker.spawn(1, ModelConfig(), cfg, tmp_path)
+    assert worker.spawn_args["env"] == {"CUDA_VISIBLE_DEVICES": "5"}
+    validate_run(RunConfig(rollout=cfg))
+    with pytest.raises(ConfigError, match=r"rollout.server.devices=\['4'\] names the GPU of each spawned worker"):
+        validate_run(RunConfig(rollout=RolloutConfig(placement="server", server=ServerConfig(num_workers=2,
+                                                                                             devices=["4"]))))

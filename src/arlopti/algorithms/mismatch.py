@@ -179,6 +179,10 @@ def correction_weights(old_log_probs: Tensor, engine_log_probs: Tensor, response
         check_setting(RolloutCorrectionConfig, name, value, "algorithm.rollout_correction")
     if mode == "mis":
         config_rules.check_mis_bounds(mis_low, mis_high)  # the config's rule itself, not a copy
+    if mode not in ROLLOUT_CORRECTIONS.names():  # "auto": a config value that names no weight until resolved
+        raise ValueError(f"algorithm.rollout_correction.mode={mode!r} is resolved per run by "
+                         "arlopti.config.rules.effective_correction_mode; pass the resolved mode "
+                         f"({', '.join(ROLLOUT_CORRECTIONS.names())})")
     valid = response_mask.bool()
     d = log_ratio(old_log_probs, engine_log_probs, response_mask)
     w = ROLLOUT_CORRECTIONS.get(mode)(d, valid, float(cap), float(mis_low), float(mis_high))

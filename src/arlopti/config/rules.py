@@ -104,6 +104,10 @@ def _validate_server(cfg: RunConfig, world_size: int) -> None:
              f"rollout.server.spawn=true with rollout.server.urls={list(s.urls)}: spawned workers take their own "
              "ports, so the urls would be ignored; set rollout.server.urls=[] to spawn, or "
              "rollout.server.spawn=false to connect to those workers")
+    _require(not s.devices or (s.spawn and len(s.devices) == s.num_workers),
+             f"rollout.server.devices={list(s.devices)} names the GPU of each spawned worker: give one per worker "
+             f"(rollout.server.num_workers={s.num_workers}) with rollout.server.spawn=true, or devices=[] to let the "
+             "workers inherit the trainer's CUDA_VISIBLE_DEVICES")
 
 
 def validate_run(cfg: RunConfig, world_size: int = 1) -> None:

@@ -380,6 +380,9 @@ class ServerConfig:
     sync_check_tol: float = setting(1e-4, "largest |log-prob difference| check_sync accepts (set for fp32 "
                                           "engines; a bf16 engine needs a looser one)", range="(0, inf)")
     cpus: str | None = setting(None, "spawned workers run under taskset -c with this CPU list (e.g. '1')")
+    devices: list[str] = setting(help="spawned worker i runs with CUDA_VISIBLE_DEVICES=devices[i] (e.g. ['4', '5'] "
+                                      "beside a trainer on 0-3); empty: the trainer's devices, shared",
+                                 factory=list)
 
 
 @dataclass

@@ -76,6 +76,12 @@ def _url(host_port: str) -> str:
     return host_port if host_port.startswith("http") else f"http://{host_port}"
 
 
+def worker_env(devices: list[str], index: int) -> dict[str, str]:
+    """What spawned worker ``index`` adds to the trainer's environment: its GPU
+    (``rollout.server.devices[index]`` as ``CUDA_VISIBLE_DEVICES``), or nothing (the trainer's devices)."""
+    return {"CUDA_VISIBLE_DEVICES": str(devices[index])} if devices else {}
+
+
 class RolloutWorker:
     """One worker (module docstring). Create with :meth:`spawn` (then ``_launch``) or :meth:`remote`;
     :meth:`wait_ready`, :meth:`check_base`, :meth:`start_transfer`, then :meth:`sync` and :meth:`generate`."""
@@ -105,7 +111,8 @@ class RolloutWorker:
         run_dir.mkdir(parents=True, exist_ok=True)
         cfg_file = write_run_config(model_cfg, rollout_cfg, run_dir / f"worker{index}.json")
         args = dict(cfg_file=str(cfg_file), log=str(run_dir / f"worker{index}.log"),
-                    startup_timeout_s=rollout_cfg.server.startup_timeout_s)
+                    startup_timeout_s=rollout_cfg.server.startup_timeout_s,
+                    env=worker_env(rollout_cfg.server.devices, index))
         server = rollout_cfg.server
         worker = cls("127.0.0.1:0", timeout_s=server.timeout_s, transfer_host=server.transfer_host or "127.0.0.1",
                      name=f"worker{index}", spawn_args=args)
@@ -122,7 +129,8 @@ class RolloutWorker:
         argv = [sys.executable, "-m", "arlopti.rollout.serve", "--run-config", a["cfg_file"], "--port", str(port),
                 "--parent-pid", str(os.getpid())]
         with open(a["log"], "ab") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                            env={**os.environ, **a.get("env", {})})
         log.info("started rollout %s (pid %d) at %s; its log: %s", self.name, self.process.pid, self.url, a["log"])
 
     def start_transfer(self) -> None:
@@ -274,4 +282,5 @@ class RolloutWorker:
             pass
 
 
-__all__ = ["SERVED_PREFIX", "RolloutWorker", "WorkerError", "free_port", "served_model_name", "write_run_config"]
+__all__ = ["SERVED_PREFIX", "RolloutWorker", "WorkerError", "free_port", "served_model_name", "worker_env",
+           "write_run_config"]
