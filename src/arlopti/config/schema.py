@@ -358,10 +358,10 @@ class ServerConfig:
     routes over a torch.distributed gloo group (arlopti/rollout/gloo_transfer.py). docs/scaling.md."""
 
     spawn: bool = setting(True, "start the workers on this machine (false: connect to rollout.server.urls)")
-    num_workers: int = setting(1, "spawned workers; a step's groups are split between them, whole",
+    num_workers: int = setting(1, "spawned workers per trainer rank; a step's groups are split between them, whole",
                                range="[1, inf)")
-    urls: list[str] = setting(help="workers started separately (python -m arlopti.rollout.serve), as host:port",
-                              factory=list)
+    urls: list[str] = setting(help="workers started separately (python -m arlopti.rollout.serve), as host:port; "
+                                   "rank r of a multi-rank trainer drives the r-th contiguous share", factory=list)
     host: str = setting("127.0.0.1", "serve: the address the worker listens on (0.0.0.0 for other hosts)")
     port: int = setting(8100, "serve: the worker's HTTP port (a spawned worker takes a free one)",
                         range="[1, 65535]")
@@ -380,9 +380,9 @@ class ServerConfig:
     sync_check_tol: float = setting(1e-4, "largest |log-prob difference| check_sync accepts (set for fp32 "
                                           "engines; a bf16 engine needs a looser one)", range="(0, inf)")
     cpus: str | None = setting(None, "spawned workers run under taskset -c with this CPU list (e.g. '1')")
-    devices: list[str] = setting(help="spawned worker i runs with CUDA_VISIBLE_DEVICES=devices[i] (e.g. ['4', '5'] "
-                                      "beside a trainer on 0-3); empty: the trainer's devices, shared",
-                                 factory=list)
+    devices: list[str] = setting(help="spawned worker i of rank r runs with CUDA_VISIBLE_DEVICES="
+                                      "devices[r * num_workers + i] (e.g. ['4', '5'] beside a trainer on 0-3); "
+                                      "empty: its rank's devices, shared", factory=list)
 
 
 @dataclass

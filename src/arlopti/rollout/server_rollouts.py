@@ -12,6 +12,11 @@ workers in contiguous, whole groups.
 Seeds are the colocated engine's (step seed from ``rollout.seed``, the step and the rank; one seed
 per response), so with ``max_staleness = 0`` the tokens are those of ``placement=colocated``.
 
+Several trainer ranks (DDP, FSDP2): every rank drives its own workers with its own share of the
+batch (its prompts, its seeds) and takes the same plan at the same steps, so their syncs, whose
+FSDP2 gathers are collectives, run in lockstep. A worker fault then stops the run (a restart on one
+rank would re-sync on that rank alone).
+
 Faults (all handled here, on the trainer's thread): a :class:`~arlopti.rollout.server_client.WorkerError`
 from a batch or a sync drops every queued batch, restarts the failed worker if this trainer spawned it
 and it has restarts left (``rollout.server.max_restarts``), re-syncs every worker to the current
@@ -55,8 +60,10 @@ class Batch:
 class ServerRollouts:
     """See the module docstring. ``sampling_for(step) -> SamplingConfig``: the step's sampling (its seed)."""
 
-    def __init__(self, workers: list[RolloutWorker], rollout_cfg, base_name: str, tokenizer, group_size: int):
+    def __init__(self, workers: list[RolloutWorker], rollout_cfg, base_name: str, tokenizer, group_size: int,
+                 world: int = 1):
         self.workers = workers
+        self.world = world  # trainer ranks: each drives its own workers, in lockstep (module docstring)
         self.cfg = rollout_cfg
         self.base_name = base_name
         self.tokenizer = tokenizer
@@ -73,15 +80,18 @@ class ServerRollouts:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def start(cls, model_cfg, rollout_cfg, identity: dict, tokenizer, group_size: int, run_dir: Path
-              ) -> "ServerRollouts":
-        """Spawn or connect to the workers (``rollout.server``) and check each one's base model."""
+    def start(cls, model_cfg, rollout_cfg, identity: dict, tokenizer, group_size: int, run_dir: Path,
+              rank: int = 0, world: int = 1) -> "ServerRollouts":
+        """Spawn or connect to this trainer rank's workers (``rollout.server``: ``num_workers`` spawned per
+        rank, or rank ``r``'s contiguous share of ``urls``) and check each one's base model."""
         s = rollout_cfg.server
         if s.spawn:
-            workers = [RolloutWorker.spawn(i, model_cfg, rollout_cfg, run_dir) for i in range(s.num_workers)]
+            first = rank * s.num_workers
+            workers = [RolloutWorker.spawn(first + i, model_cfg, rollout_cfg, run_dir) for i in range(s.num_workers)]
         else:
-            workers = [RolloutWorker.remote(u, s) for u in s.urls]
-        pool = cls(workers, rollout_cfg, served_model_name(identity), tokenizer, group_size)
+            share = len(s.urls) // world
+            workers = [RolloutWorker.remote(u, s) for u in s.urls[rank * share:(rank + 1) * share]]
+        pool = cls(workers, rollout_cfg, served_model_name(identity), tokenizer, group_size, world)
         try:
             for w in workers:  # spawned ones start together; each is then waited for
                 if w.spawned:
@@ -205,6 +215,10 @@ class ServerRollouts:
         if worker is None or not worker.spawned:
             raise RuntimeError(f"{err}\nIt was started separately (rollout.server.urls): restart it with "
                                "python -m arlopti.rollout.serve and resume from the last checkpoint.") from err
+        if self.world > 1:  # the other ranks would not re-sync with it: their weight gathers would not match
+            raise RuntimeError(f"{err}\nWith {self.world} trainer ranks a worker is not restarted (every rank's "
+                               "sync gathers the weights together): the run stops; resume from the last "
+                               "checkpoint.") from err
         if worker.restarts >= self.cfg.server.max_restarts:
             raise RuntimeError(f"{err}\nIt was restarted {worker.restarts} time(s) already "
                                f"(rollout.server.max_restarts={self.cfg.server.max_restarts}); its log: "
