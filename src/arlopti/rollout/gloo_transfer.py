@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -163,10 +164,8 @@ class GlooWorkerExtension:
     weight-transfer engine, which registers ``arlopti_gloo`` there. It adds no method to the worker."""
 
 
-try:  # in a vLLM worker process (or anywhere vLLM is installed): register now, at import
-    register()
-except ImportError:
-    pass
+if "vllm" in sys.modules:  # a vLLM process (its worker resolves GlooWorkerExtension): register now; a
+    register()               # trainer that never imported vLLM does not import it for this
 
 
 # ------------------------------------------------------------------------------------ trainer side
