@@ -54,9 +54,9 @@ def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Te
     _, inverse = torch.unique(group_ids, return_inverse=True)
     r = rewards.double()
     k = int(inverse.max()) + 1 if inverse.numel() else 0
-    count = torch.zeros(k, dtype=torch.float64).scatter_add_(0, inverse, torch.ones_like(r))
-    total = torch.zeros(k, dtype=torch.float64).scatter_add_(0, inverse, r)
-    sq = torch.zeros(k, dtype=torch.float64).scatter_add_(0, inverse, r * r)
+    count = torch.zeros(k, dtype=torch.float64, device=r.device).scatter_add_(0, inverse, torch.ones_like(r))
+    total = torch.zeros(k, dtype=torch.float64, device=r.device).scatter_add_(0, inverse, r)
+    sq = torch.zeros(k, dtype=torch.float64, device=r.device).scatter_add_(0, inverse, r * r)
     return count[inverse], total[inverse], sq[inverse]
 
 
@@ -180,5 +180,5 @@ def zero_std_group_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     spread = (sq / n - mean * mean).abs() < 1e-12
     _, first = torch.unique(group_ids, return_inverse=True)
     k = int(first.max()) + 1 if first.numel() else 0
-    per_group = torch.zeros(k, dtype=torch.bool).scatter_(0, first, spread)
+    per_group = torch.zeros(k, dtype=torch.bool, device=spread.device).scatter_(0, first, spread)
     return float(per_group.float().mean()) if k else 0.0

@@ -193,7 +193,7 @@ def token_distribution(p: Tensor, advantages: Tensor, mask: Tensor, bins: int = 
     av = advantages.detach().double()[valid]
     idx = bucket_index(pv)
     hist = prob_bin_counts(p, mask, bins)
-    qs = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64)
+    qs = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=torch.float64, device=av.device)
     quant = {}
     for b, name in enumerate(BUCKET_NAMES):
         sel = av[idx == b]
