@@ -54,7 +54,7 @@ def _pool(worker: RolloutWorker, max_restarts: int = 2) -> ServerRollouts:
     pool = ServerRollouts([worker], cfg, "arlopti-x", tokenizer=None, group_size=2)
     done = Future()
     done.set_result([])
-    pool.queue[3] = Batch(3, None, 1, done, 0.0)
+    pool.queue[3] = Batch(3, None, 1, done)
     return pool
 
 
@@ -122,7 +122,7 @@ def test_two_workers_share_a_step_in_prompt_order_with_their_seeds(monkeypatch):
     monkeypatch.setattr(RolloutWorker, "generate", fake_generate)
     workers = [RolloutWorker.remote(f"h{i}:1", ServerConfig()) for i in range(2)]
     pool = ServerRollouts(workers, RolloutConfig(placement="server"), "arlopti-x", tokenizer=None, group_size=3)
-    batch = Batch(0, SimpleNamespace(prompt_ids=[[9]] * 5), 0, Future(), 0.0)
+    batch = Batch(0, SimpleNamespace(prompt_ids=[[9]] * 5), 0, Future())
     out = pool._generate(batch, SamplingConfig(seed=1))
     assert [[c.token_ids for c in g] for g in out] == [[[i, j] for j in range(3)] for i in range(5)]
     assert sorted(calls) == [("http://h0:1", 0, 3), ("http://h1:1", 3, 2)]

@@ -254,9 +254,6 @@ class RolloutWorker:
         return Completion(token_ids=ids, text=text, finish_reason=reason, logprobs=lps)
 
     # ------------------------------------------------------------------ life
-    def alive(self) -> bool:
-        return self.process is None or self.process.poll() is None
-
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop a spawned worker and everything in its process group (SIGTERM, then SIGKILL)."""
         if self.sender is not None:

@@ -53,7 +53,6 @@ class Batch:
     prompts: object  # PromptBatch
     version: int
     future: Future
-    queued_at: float
     stats: dict = field(default_factory=dict)
 
 
@@ -151,7 +150,7 @@ class ServerRollouts:
 
     def _queue(self, step: int, prompts, sampling: SamplingConfig) -> None:
         version = self.version
-        b = Batch(step, prompts, version, Future(), time.perf_counter())
+        b = Batch(step, prompts, version, Future())
         b.future = self._gen.submit(self._generate, b, sampling)
         self.queue[step] = b
         self.last_scheduled = step
