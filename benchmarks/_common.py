@@ -190,10 +190,10 @@ def write_json(name: str, payload: dict[str, Any]) -> Path:
 def hf_engine_for(model_name: str, tokens: int, hidden: int = 256, layers: int = 4):
     """(HFEngine, tokenizer) on a fresh fp32 model whose completions are exactly ``tokens`` long:
     ``"tiny"`` is the ``bench_step`` model (random Qwen2, ``hidden`` × ``layers``), anything else
-    goes through ``arlopti.models`` (e.g. ``smollm2-135m-instruct``)."""
+    goes through ``arlopti.models.loading`` (e.g. ``smollm2-135m-instruct``)."""
     import torch
 
-    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer, load_causal_lm, load_tokenizer
+    from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer, load_causal_lm, load_tokenizer
     from arlopti.rollout.hf import HFEngine
 
     torch.manual_seed(0)

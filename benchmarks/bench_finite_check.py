@@ -47,7 +47,7 @@ def main() -> None:
     from arlopti.config import OptimConfig
     from arlopti.learner.guard import tensors_finite
     from arlopti.learner.optim import build_optimizer
-    from arlopti.models import smollm2_local_path
+    from arlopti.models.loading import smollm2_local_path
 
     model = AutoModelForCausalLM.from_pretrained(str(smollm2_local_path()), dtype=torch.float32)
     model.train()

@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)

@@ -35,10 +35,10 @@ def learner_sample(lora_r: int, batch: int, tokens: int, threads: int = 2) -> di
 
     torch.set_num_threads(threads)
     from arlopti.config import AlgorithmConfig, LoraConfig, ModelConfig, OptimConfig, RunConfig
-    from arlopti.lora import adapters_disabled
+    from arlopti.models.lora import adapters_disabled
     from arlopti.learner.module import GRPOModule
     from arlopti.learner.optim import build_optimizer
-    from arlopti.models import load_tokenizer
+    from arlopti.models.loading import load_tokenizer
 
     tok = load_tokenizer(MODEL)
     g = torch.Generator().manual_seed(0)
@@ -88,9 +88,9 @@ def vllm_sample(kind: str, repeats: int, threads: int = 2) -> dict:
 
     torch.set_num_threads(threads)
     from arlopti.config import LoraConfig, RolloutConfig
-    from arlopti.lora import apply_lora
+    from arlopti.models.lora import apply_lora
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import load_causal_lm, load_tokenizer
+    from arlopti.models.loading import load_causal_lm, load_tokenizer
     from arlopti.rollout.engine import SamplingConfig
     from arlopti.rollout.vllm import VLLMEngine
 

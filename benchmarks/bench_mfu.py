@@ -1,6 +1,6 @@
 """Achieved FLOP/s of our policy update as a share of this machine's measured matmul peak.
 
-Workload: SmolLM2-135M-Instruct (offline, ``arlopti.models``), ``--responses`` responses of
+Workload: SmolLM2-135M-Instruct (offline, ``arlopti.models.loading``), ``--responses`` responses of
 exactly ``--length`` tokens from a fixed rollout engine, one mini-batch, micro-batches of
 ``--mbs``, β = 0 and the first forward reused as π_old, so the learner's ``timing/update_s``
 is the training forward + backward of every micro-batch plus one AdamW step. Precision
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from arlopti.models import load_tokenizer
+    from arlopti.models.loading import load_tokenizer
 
     tok = load_tokenizer(MODEL)
     peaks = {"bf16": gemm_peak(args.gemm, torch.bfloat16, args.gemm_reps),

@@ -55,7 +55,7 @@ def main(argv=None) -> int:
 
     from arlopti.config import AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
     from arlopti.learner.module import GRPOModule
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     prompts = n // GROUP

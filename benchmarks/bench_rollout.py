@@ -95,7 +95,7 @@ def main(argv=None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from arlopti.config import RolloutConfig
-    from arlopti.models import smollm2_local_path
+    from arlopti.models.loading import smollm2_local_path
     from arlopti.rollout.engine import SamplingConfig
     from arlopti.rollout.hf import HFEngine
     from arlopti.rollout.vllm import VLLMEngine

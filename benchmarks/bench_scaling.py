@@ -1,6 +1,6 @@
 """How one update's cost grows with the response length and the group size (SmolLM2-135M, fp32).
 
-Workload: SmolLM2-135M-Instruct (offline, ``arlopti.models``), one prompt × ``G`` responses of
+Workload: SmolLM2-135M-Instruct (offline, ``arlopti.models.loading``), one prompt × ``G`` responses of
 exactly ``L`` tokens from a fixed rollout engine (no generation), β = 0.04 (so a reference
 log-prob pass runs), π_old reused from the first training forward, one mini-batch of all ``G``
 responses (one AdamW step), micro-batches of 4 (training and log-prob passes), fused
@@ -52,7 +52,7 @@ def run_size(length: int, group: int, warmup: int, steps: int) -> dict:
 
     from arlopti.config import AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
     from arlopti.learner.module import GRPOModule
-    from arlopti.models import load_tokenizer
+    from arlopti.models.loading import load_tokenizer
 
     torch.set_num_threads(2)
     tok = load_tokenizer(MODEL)

@@ -66,7 +66,7 @@ def reward_of(text: str) -> float:
 
 def build_model_dir(out: str, hidden: int, layers: int, inter: int) -> dict:
     """Save a random tiny Qwen2 and its tokenizer to ``out`` (runs in a child: no RSS pollution)."""
-    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, TinySpec(arch="qwen2", hidden_size=hidden, num_layers=layers, num_heads=4,
@@ -143,7 +143,7 @@ def run_ours(model_dir: str, lopti: bool, steps: int, profile: bool = False, com
     import torch  # noqa: F401
 
     from arlopti.learner.module import GRPOModule
-    from arlopti.models import load_tokenizer
+    from arlopti.models.loading import load_tokenizer
     from arlopti.callbacks.rollout import RolloutCallback
 
     base = max_rss_bytes()
@@ -279,7 +279,7 @@ def check_loss(model_dir: str) -> dict:
     import torch
 
     from arlopti.learner.module import GRPOModule
-    from arlopti.models import load_tokenizer
+    from arlopti.models.loading import load_tokenizer
     from arlopti.callbacks.rollout import RolloutCallback
     from arlopti.rollout.engine import Completion, RolloutEngine
 
@@ -374,7 +374,7 @@ def _prepare_model(args, tmp: str) -> tuple[str, dict]:
         info = run_isolated(Path(__file__).resolve(), "build_model_dir",
                             {"out": tmp, "hidden": args.hidden, "layers": args.layers, "inter": 2 * args.hidden})
         return tmp, {**info, "model": f"tiny Qwen2, hidden {args.hidden}, {args.layers} layers"}
-    from arlopti.models import resolve_model_path
+    from arlopti.models.loading import resolve_model_path
 
     # the converted bf16 safetensors: both sides load it in fp32 (ours ModelConfig.dtype, TRL's default)
     return resolve_model_path(args.model), {"model": args.model}

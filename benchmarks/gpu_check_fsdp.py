@@ -22,7 +22,7 @@ Checks, each printed as PASS / FAIL with numbers:
    counters continue.
 3. ``resume_exact``: an uninterrupted run of ``--steps + 1`` steps from scratch ends with the
    same weights as the resumed one, bit for bit (max abs difference printed).
-4. ``export``: ``arlopti.export`` turns the folder into a HF model whose weights equal the
+4. ``export``: ``arlopti.checkpoints.export`` turns the folder into a HF model whose weights equal the
    FSDP2 policy's full weights exactly; the log-prob difference to the bf16 FSDP2 forward is
    printed (expected ~1e-2: bf16 compute against the fp32 export).
 
@@ -131,10 +131,10 @@ def main() -> int:
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), lightning {lightning.__version__}, "
           f"{RESULTS.get('device', 'CPU dry run')}", flush=True)
 
-    from arlopti.export import export_checkpoint
+    from arlopti.checkpoints.export import export_checkpoint
     from arlopti.learner.policy import PolicyLM
     from arlopti.learner.sharding import full_state_dict
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     cfg = run_config(args.steps, small=args.dry_run)
@@ -153,7 +153,7 @@ def main() -> int:
         losses = [v for k, v in m.items() if k.endswith("/loss")]
         norms = [v for k, v in m.items() if k.endswith("/grad_norm")]
         full = full_state_dict(module.policy)
-        from arlopti.models import build_tiny_model
+        from arlopti.models.loading import build_tiny_model
 
         init = build_tiny_model(tok, cfg.model.tiny)
         moved = max(float((full[f"hf.{k}"].float() - v.float()).abs().max()) for k, v in init.state_dict().items())

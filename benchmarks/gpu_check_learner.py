@@ -35,7 +35,7 @@ def run(device: str, dtype, steps: int) -> tuple[dict, list[float]]:
 
     from arlopti.config import AlgorithmConfig, LoptiConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
     from arlopti.learner.module import GRPOModule
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
     from helpers.fixed_rollouts import FixedEngine
     from helpers.toy import ToyDataModule, toy_trainer
 
@@ -92,7 +92,7 @@ def main() -> int:
         print("GPU CHECK LEARNER: FAIL")
         return 1
     init = {}
-    from arlopti.models import build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_model, build_tiny_tokenizer
 
     for k, v in build_tiny_model(build_tiny_tokenizer()).named_parameters():
         init[f"hf.{k}"] = v.detach().double()

@@ -7,7 +7,7 @@
 The tiny model (a random 2-layer Qwen2, head_dim 32) and its tokenizer travel as files:
 ``--export-model DIR`` writes them (``save_pretrained``: config.json, model.safetensors,
 tokenizer files) and ``--model-dir DIR`` loads them with the loaders training uses
-(``arlopti.models.load_tokenizer`` / ``load_causal_lm``), so the GPU machine checks exactly the
+(``arlopti.models.loading.load_tokenizer`` / ``load_causal_lm``), so the GPU machine checks exactly the
 weights made here. Without ``--model-dir`` the model is built in-process. The script starts ONE
 in-process vLLM engine from it (sleep mode on when the platform has it) and checks, printing a
 ``PASS``/``FAIL`` (or ``SKIP``/``INFO``) line each:
@@ -93,7 +93,7 @@ def logprob_gap(policy, tok, prompts, completions, temperature: float) -> torch.
 def run(args) -> Report:
     from arlopti.config import RolloutConfig
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
     from arlopti.rollout.engine import SamplingConfig
     from arlopti.rollout.hf import HFEngine
 
@@ -116,7 +116,7 @@ def run(args) -> Report:
     from arlopti.rollout.vllm import VLLMEngine
 
     if args.model_dir:
-        from arlopti.models import load_causal_lm, load_tokenizer
+        from arlopti.models.loading import load_causal_lm, load_tokenizer
 
         tok = load_tokenizer(args.model_dir)
         hf = load_causal_lm(args.model_dir, tok, dtype="float32")
@@ -223,7 +223,7 @@ def run(args) -> Report:
 
 def export_model(out_dir: str) -> Path:
     """Write the tiny check model (head_dim 32) and its tokenizer to ``out_dir`` (CPU, no vLLM)."""
-    from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

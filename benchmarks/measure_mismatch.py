@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from arlopti.config import RolloutConfig
     from arlopti.learner.experience import build_experience
     from arlopti.learner.policy import PolicyLM, fill_logprobs
-    from arlopti.models import load_causal_lm, load_tokenizer
+    from arlopti.models.loading import load_causal_lm, load_tokenizer
     from arlopti.rollout.engine import SamplingConfig
     from arlopti.tasks.base import RewardResult
 

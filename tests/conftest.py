@@ -27,28 +27,28 @@ def need_fixture(rel: str) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 
 
 @pytest.fixture()
 def tiny_model(tiny_tokenizer):
-    from arlopti.models import build_tiny_model
+    from arlopti.models.loading import build_tiny_model
 
     return build_tiny_model(tiny_tokenizer)
 
 
 @pytest.fixture()
 def tiny_llama(tiny_tokenizer):
-    from arlopti.models import TinySpec, build_tiny_model
+    from arlopti.models.loading import TinySpec, build_tiny_model
 
     return build_tiny_model(tiny_tokenizer, TinySpec(arch="llama", tie_word_embeddings=False))
 
 
 @pytest.fixture(scope="session")
 def smollm2_path():
-    from arlopti.models import smollm2_local_path
+    from arlopti.models.loading import smollm2_local_path
 
     try:
         return smollm2_local_path()

@@ -4,7 +4,7 @@ point: the exit status and the message naming the key, the folder or the tensor.
 ``run_train_cli`` runs ``train.py`` as ``__main__`` inside this process (the command-line check,
 then Hydra's ``main``), so the interpreter's and torch's start-up are paid once for the file; the
 exit status is what the shell would see (Hydra exits 1 on an exception, the command-line check
-with its message). The mlflow start-up check is in tests/test_loggers.py, Ctrl-C in
+with its message). The mlflow start-up check is in tests/loggers/test_factories.py, Ctrl-C in
 tests/callbacks/test_checkpointing.py (in-process, where the resumed run can be compared bit for bit).
 """
 

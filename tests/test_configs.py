@@ -10,7 +10,7 @@ import pytest
 
 from arlopti.config import ConfigError
 from conftest import REPO_ROOT
-from test_train import compose_train
+from helpers.compose import compose_train
 
 PAPER = ["kk_grpo", "kk_ar", "kk_lopti", "kk_ar_lopti", "dsr_grpo", "dsr_ar", "dsr_lopti", "dsr_ar_lopti",
          "orz_grpo", "orz_ar", "orz_lopti", "orz_ar_lopti"]
@@ -52,7 +52,7 @@ def test_reference_model_is_built_in_its_own_dtype(tiny_tokenizer):
 
 @pytest.mark.slow
 def test_fidelity_official_trains_a_step(tmp_path):
-    from arlopti.train import train
+    from arlopti.entry.train import train
 
     cfg = compose_train(["experiment=kk_ar_lopti", "debug=smoke", "data=kk_generated", "fidelity=official",
                          "rollout_steps=1", "logger=none", "~callbacks.benchmark_eval"], tmp_path)
@@ -65,7 +65,7 @@ def test_fidelity_official_trains_a_step(tmp_path):
 @pytest.mark.parametrize("override,key", [("tasks.math.grader=sympy", "tasks.math"),
                                           ("+tasks.nosuch.x=1", "tasks.nosuch")])
 def test_bad_task_options_name_the_key(override, key, tmp_path):
-    from arlopti.train import build
+    from arlopti.entry.train import build
 
     cfg = compose_train(["experiment=kk_ar_lopti", "debug=smoke", "data=kk_generated", override], tmp_path)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
-from test_train import compose_train
+from helpers.compose import compose_train
 
 DOC = REPO_ROOT / "docs" / "metrics.md"
 CORE = ["update/loss", "update/kl", "update/entropy", "update/clip_frac_low", "update/clip_frac_high",
@@ -57,7 +57,7 @@ def event_tags(run_dir: Path) -> set[str]:
 def runs(tmp_path_factory):
     from arlopti.tasks.base import RewardResult
     from arlopti.tasks.kk import KKTask
-    from arlopti.train import train
+    from arlopti.entry.train import train
 
     # A random tiny model never writes the K&K format (every reward -3, every advantage 0), so the
     # gradient-mass and update-direction diagnostics would have nothing to report: a varied stand-in

@@ -74,7 +74,7 @@ def test_the_default_dual_clip_would_cap_that_token():
 
 @pytest.mark.parametrize("name", ["kk_clip_cov", "kk_clip_cov_lopti"])
 def test_clip_cov_experiments_have_no_dual_clip(name, tmp_path):
-    from test_train import compose_train
+    from helpers.compose import compose_train
 
     cfg = compose_train([f"experiment={name}", "debug=smoke"], tmp_path)
     assert cfg.algorithm.token_method.name == "clip_cov"

@@ -19,7 +19,7 @@ import torch
 
 from arlopti.algorithms import mismatch
 from arlopti.algorithms.mismatch import METRIC_NAMES, mismatch_metrics
-from arlopti.algorithms.registry import ROLLOUT_CORRECTIONS
+from arlopti.config.registries import ROLLOUT_CORRECTIONS
 from arlopti.algorithms.buckets import BUCKET_NAMES
 from arlopti.config import ConfigError, RolloutCorrectionConfig, field_choices
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from arlopti.algorithms import grpo_objective
-from arlopti.algorithms.registry import TOKEN_METHODS
+from arlopti.config.registries import TOKEN_METHODS
 from arlopti.algorithms.token_methods import effective_weight, make_context, token_shaping
 from arlopti.config import AlgorithmConfig, ConfigError, LoptiConfig, RunConfig, TokenMethodConfig, validate_run
 
@@ -232,7 +232,7 @@ EXPERIMENTS = {"kk_clip_cov": "clip_cov", "kk_clip_cov_lopti": "clip_cov", "kk_k
 def test_each_method_experiment_composes_and_validates(name, tmp_path):
     from arlopti.config import from_dict
     from omegaconf import OmegaConf
-    from test_train import compose_train
+    from helpers.compose import compose_train
 
     cfg = compose_train([f"experiment={name}", "debug=smoke"], tmp_path)
     algo = from_dict(AlgorithmConfig, OmegaConf.to_container(cfg.algorithm, resolve=True), "algorithm")

@@ -36,7 +36,8 @@ def test_compare_methods_writes_png_and_json_with_every_method(tmp_path):
 def test_first_step_gradient_equals_grpo_objective_with_the_method(method):
     """At θ the analysis's spec (GRPO with A' = c·A) gives grpo_objective-with-the-method's gradient."""
     from arlopti.algorithms import grpo_objective
-    from arlopti.analysis.__main__ import build_parser, load_inputs
+    from arlopti.analysis.__main__ import build_parser
+    from arlopti.analysis.commands import load_inputs
     from arlopti.analysis.compare_methods import method_plan, sampled_entropy
     from arlopti.analysis.updates import LossSpec, loss_gradients, trainable
     from arlopti.config import AlgorithmConfig, TokenMethodConfig

@@ -56,7 +56,7 @@ def test_advantages_are_real_when_rewards_vary_else_labelled_synthetic():
 
 
 def test_live_batch_round_trips_through_a_dump(tmp_path):
-    from arlopti.analysis.__main__ import write_live_dump
+    from arlopti.analysis.commands import write_live_dump
     from arlopti.analysis.updates import sampled_log_probs
 
     loaded = load_policy("tiny", 0)

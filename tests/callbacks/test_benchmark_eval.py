@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from arlopti.callbacks.benchmark_eval import BenchmarkEvalCallback, parse_modes
-from arlopti.data.batch import PromptSample
+from arlopti.prompts.batch import PromptSample
 from arlopti.eval.runner import KK_MODES, MATH_MODES, EvalMode
 from arlopti.rollout.engine import Completion, RolloutEngine
 from arlopti.tasks.base import RewardResult, Task

@@ -9,7 +9,7 @@ In-process (tiny model, toy task, the real HF engine):
 * a SIGTERM during a step: the step finishes, ``last.ckpt`` is written, training stops;
 * top-k by a monitored metric keeps the k best files;
 * a config mismatch, and weights of another model (truncated files and shards and the
-  ``ckpt_path`` resolution are in tests/test_resume.py);
+  ``ckpt_path`` resolution are in tests/checkpoints/test_resume.py);
 * integrity: bytes flipped in ``last.ckpt``'s ``exp_avg_sq`` are named (file, zip entry, tensor),
   ``ckpt_path=last`` falls back to the kept ``last.ckpt.old`` and the resumed run replaces the
   damaged file; a save that fails its verification replaces nothing (non-finite states:
@@ -38,7 +38,7 @@ import pytest
 import torch
 
 from arlopti.callbacks.checkpointing import RolloutCheckpoint
-from arlopti.resume import config_mismatches, load_checkpoint_metadata
+from arlopti.checkpoints.resume import config_mismatches, load_checkpoint_metadata
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.module import GRPOModule
 from helpers.toy import ToyDataModule, toy_trainer
@@ -175,7 +175,7 @@ def test_config_mismatch_lists_keys_and_the_override(saved_ckpt):
     from dataclasses import replace
 
     from arlopti.config import ConfigError, ModelConfig, TinyModelConfig
-    from arlopti.resume import check_resume_compatible
+    from arlopti.checkpoints.resume import check_resume_compatible
 
     cfg = make_cfg()
     check_resume_compatible(str(saved_ckpt), cfg)  # the same config passes
@@ -330,7 +330,7 @@ def test_a_damaged_last_ckpt_is_named_and_last_falls_back_to_the_previous_one(ti
     import logging
 
     from arlopti.callbacks.checkpointing import save_atomic
-    from arlopti.resume import CheckpointError, resolve_ckpt_path, validate_checkpoint
+    from arlopti.checkpoints.resume import CheckpointError, resolve_ckpt_path, validate_checkpoint
 
     monkeypatch.delenv("ARLOPTI_RESOLVED_CKPT", raising=False)
     ckpt_dir = tmp_path / "checkpoints"
@@ -345,7 +345,7 @@ def test_a_damaged_last_ckpt_is_named_and_last_falls_back_to_the_previous_one(ti
         validate_checkpoint(last)
     with pytest.raises(CheckpointError, match="is corrupt"):
         load_checkpoint_metadata(last)
-    with caplog.at_level(logging.WARNING, logger="arlopti.resume"):
+    with caplog.at_level(logging.WARNING, logger="arlopti.checkpoints.resume"):
         found = resolve_ckpt_path("last", output_dir=tmp_path, log_dir=tmp_path / "logs", task_name="t", run_name="r")
     assert found == str(old) and f"falling back to the newest intact checkpoint {old}" in caplog.text
 

@@ -27,14 +27,11 @@ def test_errors_and_docs_use_the_yaml_name():
 
 
 def test_hydra_composes_the_alias_and_rejects_a_typo(tmp_path):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from arlopti.config.compose import compose
 
-    from test_train import REPO_ROOT
+    from conftest import REPO_ROOT
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(version_base="1.3", config_dir=str(REPO_ROOT / "configs")):
-        cfg = compose("train.yaml", overrides=["rollout.async.max_staleness=3", "rollout.placement=server"])
-        assert cfg.rollout["async"].max_staleness == 3
-        with pytest.raises(Exception, match="max_stalenes"):
-            compose("train.yaml", overrides=["rollout.async.max_stalenes=3"])
+    cfg = compose(["rollout.async.max_staleness=3", "rollout.placement=server"], config_dir=REPO_ROOT / "configs")
+    assert cfg.rollout["async"].max_staleness == 3
+    with pytest.raises(Exception, match="max_stalenes"):
+        compose(["rollout.async.max_stalenes=3"], config_dir=REPO_ROOT / "configs")

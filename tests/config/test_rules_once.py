@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from arlopti.algorithms import mismatch
-from arlopti.algorithms.registry import ROLLOUT_CORRECTIONS
+from arlopti.config.registries import ROLLOUT_CORRECTIONS
 from arlopti.config import (AlgorithmConfig, ConfigError, RolloutConfig, RolloutCorrectionConfig, RunConfig,
                             field_choices, rules, validate_run)
 

@@ -210,7 +210,7 @@ def _write_verl_parquet(path: Path) -> Path:
 
 
 def test_verl_parquet_preset_reads_messages_and_nested_ground_truth(tmp_path, tiny_tokenizer):
-    from arlopti.data.preview import compose
+    from arlopti.config.compose import compose
 
     path = _write_verl_parquet(tmp_path / "train.parquet")
     cfg = compose(["data=verl_parquet", f"data.train_file={path}"])

@@ -241,9 +241,7 @@ def test_base_template(tiny_tokenizer):
 def compose(tmp_path, name: str):
     """Compose configs/data/<name>.yaml under a throwaway primary config (the lead's train.yaml
     may not exist yet) with the interpolations it needs."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from arlopti.config.compose import compose
 
     conf = tmp_path / "conf"
     shutil.copytree(REPO_ROOT / "configs" / "data", conf / "data")
@@ -251,12 +249,7 @@ def compose(tmp_path, name: str):
     (conf / "config.yaml").write_text(
         "defaults:\n  - data: kk\n  - _self_\n"
         f"paths:\n  shared_dir: {shared}\nsizes:\n  prompts_per_step: 8\nseed: 3\n")
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=[f"data={name}"])
-    finally:
-        GlobalHydra.instance().clear()
+    return compose([f"data={name}"], config_name="config", config_dir=conf)
 
 
 def test_kk_config_composes_and_instantiates(tiny_tokenizer, tmp_path):

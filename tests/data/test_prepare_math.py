@@ -7,7 +7,7 @@ import json
 import pytest
 
 from arlopti.data import prepare_math
-from arlopti.data.math_readers import read_math_file
+from arlopti.tasks.math.readers import read_math_file
 from arlopti.tasks.math.prompts import SUFFIX
 
 

@@ -37,7 +37,7 @@ def run_preview(tmp_path: Path, *argv: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def smol_tokenizer(smollm2_path):
-    from arlopti.models import load_tokenizer
+    from arlopti.models.loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m-instruct")
 

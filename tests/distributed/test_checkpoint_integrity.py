@@ -35,7 +35,7 @@ def worker(out: Path) -> None:
     from arlopti.callbacks.checkpointing import RolloutCheckpoint
     from arlopti.learner.guard import NonFiniteAbort
     from arlopti.learner.sharding import FSDP2Strategy
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
     from test_data_parallel import fit
 
     torch.set_num_threads(1)
@@ -83,7 +83,7 @@ def test_a_flipped_fsdp2_shard_is_named_and_last_falls_back(two_rank, tmp_path, 
     import re
     import shutil
 
-    from arlopti.resume import MANIFEST, RESOLVED_ENV, CheckpointError, resolve_ckpt_path, validate_checkpoint
+    from arlopti.checkpoints.resume import MANIFEST, RESOLVED_ENV, CheckpointError, resolve_ckpt_path, validate_checkpoint
 
     monkeypatch.delenv(RESOLVED_ENV, raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -103,7 +103,7 @@ def test_a_flipped_fsdp2_shard_is_named_and_last_falls_back(two_rank, tmp_path, 
     with pytest.raises(CheckpointError, match=re.escape(f"checkpoint file {shard} (holds ") + r".*\) is corrupt: "
                        + re.escape(f"its sha256 differs from the one in {MANIFEST}")):
         validate_checkpoint(last)
-    with caplog.at_level(logging.WARNING, logger="arlopti.resume"):
+    with caplog.at_level(logging.WARNING, logger="arlopti.checkpoints.resume"):
         found = resolve_ckpt_path("last", output_dir=tmp_path / "run", log_dir=tmp_path / "logs", task_name="t",
                                   run_name="r")
     assert found == str(old) and f"falling back to the newest intact checkpoint {old}" in caplog.text

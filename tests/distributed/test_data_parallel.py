@@ -145,7 +145,7 @@ def worker(out: Path) -> None:
 
     from arlopti.callbacks.checkpointing import RolloutCheckpoint
     from arlopti.learner.sharding import FSDP2Strategy, full_state_dict
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     torch.set_num_threads(1)
     tok = build_tiny_tokenizer()
@@ -255,7 +255,7 @@ def test_two_ranks_give_the_one_rank_update(two_rank, one_rank, kind, strategy):
 
     two = torch.load(two_rank / f"{strategy}_{kind}.pt", weights_only=False)
     ref_params, ref_rows, ref_steps = one_rank[kind]
-    from arlopti.models import build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_model, build_tiny_tokenizer
 
     init = {f"hf.{k}": v for k, v in build_tiny_model(build_tiny_tokenizer()).state_dict().items()}
     moved = max_abs_diff({k: ref_params[k] for k in init}, init)
@@ -323,9 +323,9 @@ def test_fsdp2_checkpoint_exports_to_the_same_logprobs(two_rank, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from arlopti.export import export_checkpoint
+    from arlopti.checkpoints.export import export_checkpoint
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     out = export_checkpoint(two_rank / "ckpts" / "last.ckpt", tmp_path / "hf")
     model = AutoModelForCausalLM.from_pretrained(out)

@@ -75,7 +75,7 @@ def worker(out: Path) -> None:
     import torch.distributed as dist
     from lightning.pytorch.strategies import DDPStrategy
 
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     torch.set_num_threads(1)
     module, rows = fit(build_tiny_tokenizer(), DDPStrategy(find_unused_parameters=False), devices=2)

@@ -76,7 +76,7 @@ def worker(out: Path) -> None:
     from lightning.pytorch.strategies import DDPStrategy
 
     from arlopti.learner.sharding import FSDP2Strategy
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     torch.set_num_threads(1)
     tok = build_tiny_tokenizer()

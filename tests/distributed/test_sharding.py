@@ -56,23 +56,16 @@ def test_bad_sharding_options_name_the_key():
 
 
 def compose(tmp_path, *overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    from arlopti.config.compose import compose
 
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-            return hydra_compose(config_name="train", overrides=[
-                "debug=smoke", "data=kk_generated", "data.train_count_per_n=4", "data.val_count_per_n=1",
-                "logger=none", f"paths.output_dir={tmp_path}", f"paths.log_dir={tmp_path}", *overrides])
-    finally:
-        GlobalHydra.instance().clear()
+    return compose(["debug=smoke", "data=kk_generated", "data.train_count_per_n=4", "data.val_count_per_n=1",
+                    "logger=none", f"paths.output_dir={tmp_path}", f"paths.log_dir={tmp_path}", *overrides],
+                   config_dir=REPO / "configs")
 
 
 @pytest.mark.parametrize("trainer", ["fsdp", "ddp"])
 def test_devices_that_do_not_divide_prompts_are_refused_at_build(tmp_path, trainer, monkeypatch):
-    import arlopti.train as train_mod
+    import arlopti.entry.train as train_mod
     from arlopti.config import ConfigError
 
     cfg = compose(tmp_path, f"trainer={trainer}", "trainer.accelerator=cpu", "trainer.devices=3")
@@ -86,7 +79,7 @@ def test_devices_that_do_not_divide_prompts_are_refused_at_build(tmp_path, train
 
 
 def test_fsdp_build_checks_the_decoder_layer_class(tmp_path):
-    from arlopti.train import build
+    from arlopti.entry.train import build
 
     cfg = compose(tmp_path, "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2")
     trainer, module, _ = build(cfg)

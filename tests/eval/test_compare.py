@@ -122,10 +122,10 @@ def test_two_real_eval_runs_compare(tmp_path):
     """eval.py writes every item (uid, set, mode, sample, reward, correct, answer; responses in
     eval_items.jsonl.gz), and two runs of it compare."""
     from conftest import FIXTURES
-    from test_evaluate import compose_eval
+    from helpers.compose import compose_eval
 
     from arlopti.eval.runner import read_items
-    from arlopti.evaluate import evaluate
+    from arlopti.entry.evaluate import evaluate
 
     if not (FIXTURES / "math" / "math500.jsonl").exists():
         pytest.skip("the shared math fixtures are absent")

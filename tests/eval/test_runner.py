@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from arlopti.data.batch import PromptSample
+from arlopti.prompts.batch import PromptSample
 from arlopti.eval.runner import EvalMode, evaluate_sets
 from arlopti.rollout.engine import Completion, RolloutEngine
 from arlopti.tasks.base import RewardResult, Task

@@ -17,7 +17,7 @@ from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfi
 from arlopti.learner.async_metrics import add_async_metrics
 from arlopti.learner.experience import Experience
 from arlopti.learner.module import GRPOModule
-from arlopti.learner.step_metrics import MetricSet
+from arlopti.learner.metric_set import MetricSet
 from helpers.toy import ToyDataModule, toy_trainer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
+from arlopti.config.compose import compose
 
 from arlopti.config import AlgorithmConfig, LoptiConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.module import GRPOModule
 from arlopti.learner.policy import position_ids_from_mask
-from arlopti.train import run_config
+from arlopti.entry.train import run_config
 from helpers.fixed_rollouts import FixedEngine
 from helpers.toy import ToyDataModule, toy_trainer
 from conftest import REPO_ROOT
@@ -32,8 +32,7 @@ SIZES = dict(prompts_per_step=2, group_size=4, mini_batch_size=4, micro_batch_si
 
 
 def compose_train(*overrides: str):
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "configs"), version_base="1.3"):
-        return compose(config_name="train", overrides=list(overrides))
+    return compose(list(overrides), config_dir=REPO_ROOT / "configs")
 
 
 def test_official_group_sets_every_switch_and_improved_sets_none():
@@ -155,7 +154,7 @@ def test_official_switches_replay_the_official_update(case, tiny_tokenizer):
     low_tokens = module.last_step_context.metrics["lopti/low_tokens"]
     assert (low_tokens == 0) == (case == "empty_low_phase")
 
-    from arlopti.models import build_tiny_model
+    from arlopti.models.loading import build_tiny_model
 
     hf = build_tiny_model(tiny_tokenizer)
     hf.load_state_dict(hf0)
@@ -188,7 +187,7 @@ def test_the_improved_defaults_differ_from_the_official_update(tiny_tokenizer):
         module, datamodule=ToyDataModule(tokenizer=tiny_tokenizer, prompts_per_step=2, max_prompt_length=256))
     assert module.trainer.global_step == 2  # the empty phase took no step
 
-    from arlopti.models import build_tiny_model
+    from arlopti.models.loading import build_tiny_model
 
     hf, ref_hf = build_tiny_model(tiny_tokenizer), build_tiny_model(tiny_tokenizer)
     hf.load_state_dict(hf0)

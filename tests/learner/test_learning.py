@@ -37,7 +37,7 @@ from arlopti.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES
 from arlopti.callbacks.rollout import RolloutCallback
 from arlopti.config import (AlgorithmConfig, DapoConfig, LoptiConfig, OptimConfig, RolloutConfig,
                             RolloutCorrectionConfig, RunConfig, SizesConfig, TokenMethodConfig)
-from arlopti.data.records import PromptRecord
+from arlopti.prompts.records import PromptRecord
 from arlopti.learner.module import GRPOModule
 from arlopti.tasks.base import _TASKS, RewardResult, Task, register_task
 from helpers.toy import ToyDataModule

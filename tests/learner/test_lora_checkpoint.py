@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from arlopti.callbacks.checkpointing import RolloutCheckpoint
-from arlopti.resume import load_checkpoint_metadata
+from arlopti.checkpoints.resume import load_checkpoint_metadata
 from arlopti.config import (AlgorithmConfig, ConfigError, LoraConfig, ModelConfig, OptimConfig, RolloutConfig,
                             RunConfig, SizesConfig, TinyModelConfig)
 from arlopti.learner.module import GRPOModule
@@ -83,9 +83,9 @@ def test_export_adapter_round_trip_gives_the_trainers_logprobs(lora_runs, tiny_t
     log-probs of the policy that saved the checkpoint; merged export (export.merge) gives them too."""
     from peft import PeftModel
 
-    from arlopti.export import export_checkpoint
+    from arlopti.checkpoints.export import export_checkpoint
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import build_tiny_model
+    from arlopti.models.loading import build_tiny_model
 
     out = export_checkpoint(lora_runs["last"], tmp_path / "adapter")
     assert (out / "adapter_model.safetensors").exists() and (out / "adapter_config.json").exists()
@@ -110,10 +110,10 @@ def test_export_adapter_round_trip_gives_the_trainers_logprobs(lora_runs, tiny_t
 
 
 def test_eval_loads_a_lora_checkpoint_as_the_merged_policy(lora_runs, tiny_tokenizer):
-    """``eval.py ckpt_path=...``: :func:`arlopti.evaluate.load_model_for_eval` on a LoRA checkpoint."""
+    """``eval.py ckpt_path=...``: :func:`arlopti.entry.evaluate.load_model_for_eval` on a LoRA checkpoint."""
     from omegaconf import OmegaConf
 
-    from arlopti.evaluate import load_model_for_eval
+    from arlopti.entry.evaluate import load_model_for_eval
 
     policy, _ = load_model_for_eval(OmegaConf.create({"model": {"name_or_path": "tiny"}}), str(lora_runs["last"]))
     trainer_side = GRPOModule(lora_cfg(), tokenizer=tiny_tokenizer)

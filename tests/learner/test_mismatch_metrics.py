@@ -15,7 +15,7 @@ import torch
 from arlopti.algorithms.mismatch import mismatch_metrics
 from arlopti.algorithms.buckets import BUCKET_NAMES
 from arlopti.learner.mismatch_metrics import add_mismatch_metrics
-from arlopti.learner.step_metrics import MetricSet
+from arlopti.learner.metric_set import MetricSet
 
 L = math.log
 B0, B1, B2, B3 = BUCKET_NAMES

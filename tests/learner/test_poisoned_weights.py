@@ -23,7 +23,7 @@ from arlopti.callbacks.checkpointing import RolloutCheckpoint, save_atomic
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.guard import tensors_finite
 from arlopti.learner.module import GRPOModule, NonFiniteAbort
-from arlopti.resume import CheckpointError
+from arlopti.checkpoints.resume import CheckpointError
 from helpers.toy import ToyDataModule, toy_trainer
 
 REPO = Path(__file__).resolve().parents[2]

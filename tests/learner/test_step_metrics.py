@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard
-from arlopti.learner.step_metrics import MetricSet, add_objective_metrics
+from arlopti.learner.metric_set import MetricSet
+from arlopti.learner.step_metrics import add_objective_metrics
 
 
 def test_kinds_combine_as_declared():

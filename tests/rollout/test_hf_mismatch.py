@@ -28,7 +28,7 @@ TEXTS = ["Zoey said that", "Knights always tell the truth, and", "The answer is"
 @pytest.fixture(scope="module")
 def policy_and_tok():
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_model, build_tiny_tokenizer
 
     torch.manual_seed(0)
     tok = build_tiny_tokenizer()
@@ -61,7 +61,7 @@ def test_hf_engine_logprobs_equal_the_trainers_in_fp32(policy_and_tok, capsys):
     from arlopti.algorithms.buckets import BUCKET_NAMES
     from arlopti.config import RolloutCorrectionConfig
     from arlopti.learner.mismatch_metrics import add_mismatch_metrics
-    from arlopti.learner.step_metrics import MetricSet
+    from arlopti.learner.metric_set import MetricSet
 
     policy, tok = policy_and_tok
     old, engine, mask = rollout(policy, tok, SamplingConfig(temperature=0.7, max_new_tokens=24, seed=3,

@@ -16,9 +16,9 @@ import torch
 
 from arlopti.config import LoraConfig
 from arlopti.learner.experience import build_experience
-from arlopti.lora import adapters_disabled, apply_lora, base_model_of
+from arlopti.models.lora import adapters_disabled, apply_lora, base_model_of
 from arlopti.learner.policy import PolicyLM
-from arlopti.models import build_tiny_model
+from arlopti.models.loading import build_tiny_model
 from arlopti.rollout.engine import SamplingConfig
 from arlopti.rollout.lora_sync import _lora_layers, changed_only, engine_named_params, lora_engine_args
 from arlopti.tasks.base import RewardResult
@@ -77,9 +77,9 @@ def test_adapter_mode_on_a_vllm_without_lora_kernels_says_so():
 
 
 def _smoke(tmp_path, extra: list[str]):
-    from arlopti.train import train
+    from arlopti.entry.train import train
     from conftest import FIXTURES
-    from test_train import compose_train
+    from helpers.compose import compose_train
 
     data = [] if (FIXTURES / "kk" / "kk_train_34567ppl.jsonl.gz").exists() else ["data=kk_generated"]
     cfg = compose_train(["experiment=kk_ar_lopti", "debug=smoke", "model.lora.r=8", "logger=none",

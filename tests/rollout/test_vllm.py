@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from arlopti.config import RolloutConfig
-from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
 from arlopti.rollout.engine import SamplingConfig
 from arlopti.rollout.weight_sync import WeightSyncError
 

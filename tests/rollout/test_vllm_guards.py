@@ -17,7 +17,7 @@ from arlopti.rollout.engine import RolloutEngine, SamplingConfig
 
 @pytest.fixture(scope="module")
 def tok():
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 

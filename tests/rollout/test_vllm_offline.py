@@ -17,7 +17,7 @@ from arlopti.rollout.engine import SamplingConfig
 
 @pytest.fixture(scope="module")
 def tok():
-    from arlopti.models import build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     return build_tiny_tokenizer()
 
@@ -106,7 +106,7 @@ def test_bad_settings_are_refused(tok):
 
 def test_missing_vllm_says_how_to_install(monkeypatch, tok):
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import TinySpec, build_tiny_model
+    from arlopti.models.loading import TinySpec, build_tiny_model
     from arlopti.callbacks.rollout import engine_for
     from arlopti.config import RunConfig
     from arlopti.rollout.factory import build_engine

@@ -77,7 +77,7 @@ def _rank_main(rank: int, world: int, port: int, out_dir: str) -> None:
         from vllm import platforms
 
         from arlopti.config import RolloutConfig
-        from arlopti.models import build_tiny_model, build_tiny_tokenizer
+        from arlopti.models.loading import build_tiny_model, build_tiny_tokenizer
         from arlopti.rollout.vllm import VLLMEngine
 
         fake_platform = types.SimpleNamespace(device_type="cuda", is_cpu=lambda: False,

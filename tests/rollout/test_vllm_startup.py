@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from arlopti.config import (AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig)
-from arlopti.models import TinySpec, build_tiny_model, build_tiny_tokenizer
+from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
 from arlopti.rollout.engine import SamplingConfig
 
 DUAL_CHUNK = {"chunk_size": 262144, "local_size": 8192, "original_max_position_embeddings": 262144}
@@ -55,7 +55,7 @@ def model_dir(tok, tmp_path_factory):
 @pytest.fixture(scope="module")
 def policy(model_dir, tok):
     from arlopti.learner.policy import PolicyLM
-    from arlopti.models import load_causal_lm
+    from arlopti.models.loading import load_causal_lm
 
     hf = load_causal_lm(str(model_dir), tok, dtype="float32")
     assert hf.config.dual_chunk_attention_config == DUAL_CHUNK  # transformers keeps (and ignores) the key

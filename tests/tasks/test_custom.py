@@ -210,9 +210,9 @@ def _prompts(tmp_path: Path, n: int = 4) -> Path:
 
 
 def test_start_up_errors_name_the_reward_path_and_the_missing_task(tmp_path):
-    from test_train import compose_train
+    from helpers.compose import compose_train
 
-    from arlopti.train import build
+    from arlopti.entry.train import build
 
     data = ["data=prompts", f"data.train_file={_prompts(tmp_path)}", "debug=smoke", "logger=none"]
     cfg = compose_train([*data, "task=custom", "task.reward_fn=no_such_pkg_xyz.rewards:score"], tmp_path)
@@ -224,9 +224,9 @@ def test_start_up_errors_name_the_reward_path_and_the_missing_task(tmp_path):
 
 
 def test_training_run_finishes_with_a_reward_that_raises_and_hangs(rewards, tmp_path, caplog):
-    from test_train import compose_train
+    from helpers.compose import compose_train
 
-    from arlopti.train import train
+    from arlopti.entry.train import train
 
     cfg = compose_train(["data=prompts", f"data.train_file={_prompts(tmp_path)}", "task=custom",
                          f"task.reward_fn={rewards}:flaky", "task.timeout_s=0.3", "task.num_workers=1",

@@ -15,7 +15,7 @@ from arlopti.algorithms.isolation import Phase, lopti_masks, phase_plan
 from arlopti.algorithms.kl import kl_penalty
 from arlopti.algorithms.objective import LossConfig, grpo_objective
 from arlopti.algorithms.policy_loss import per_token_policy_loss, policy_loss
-from arlopti.algorithms.registry import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
+from arlopti.config.registries import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
                                          ROLLOUT_CORRECTIONS)
 from arlopti.algorithms.reweighting import advantage_reweight, ar_weights
 

@@ -44,7 +44,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.registry import ADVANTAGE_ESTIMATORS
+from arlopti.config.registries import ADVANTAGE_ESTIMATORS
 
 
 def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:

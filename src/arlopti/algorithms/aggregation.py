@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from arlopti.algorithms.registry import LOSS_AGGREGATIONS
+from arlopti.config.registries import LOSS_AGGREGATIONS
 
 
 def _seq_count(mask: Tensor) -> Tensor:

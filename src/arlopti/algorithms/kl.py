@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.registry import KL_ESTIMATORS
+from arlopti.config.registries import KL_ESTIMATORS
 
 
 @KL_ESTIMATORS.register("k1")

@@ -89,7 +89,7 @@ import math
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.registry import ROLLOUT_CORRECTIONS
+from arlopti.config.registries import ROLLOUT_CORRECTIONS
 from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index
 from arlopti.config import RolloutCorrectionConfig
 from arlopti.config import rules as config_rules

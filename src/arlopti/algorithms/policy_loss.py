@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from arlopti.algorithms.aggregation import aggregate
-from arlopti.algorithms.registry import POLICY_LOSSES
+from arlopti.config.registries import POLICY_LOSSES
 from arlopti.config import AlgorithmConfig
 from arlopti.config import rules as config_rules
 from arlopti.config.check import check_setting

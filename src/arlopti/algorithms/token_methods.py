@@ -1,7 +1,7 @@
 """Token-level methods: AR's and Lopti's rivals and partners (``algorithm.token_method.name``).
 
 Each method is a pure function ``fn(ctx, cfg) -> TokenShaping`` registered in
-:data:`~arlopti.algorithms.registry.TOKEN_METHODS`. ``ctx`` (:class:`TokenContext`) holds, for one
+:data:`~arlopti.config.registries.TOKEN_METHODS`. ``ctx`` (:class:`TokenContext`) holds, for one
 micro-batch and one Lopti phase, **detached**: the current log-probs logπ_θ, the rollout-time
 logπ_old, the advantages A (after the estimator, AR and the phase mask), the per-token entropy H of
 the current policy (at the rollout temperature, from the learner's fused kernel), the response
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.registry import TOKEN_METHODS
+from arlopti.config.registries import TOKEN_METHODS
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Command-line options shared by ``python -m arlopti.analysis`` and its ``reproduce`` command.
 
-A light module (argparse only), so that ``--help`` stays fast and neither ``__main__`` nor
-``reproduce`` has to import the other.
+A light module (argparse only), so that ``--help`` stays fast; the commands themselves are in
+:mod:`arlopti.analysis.commands`.
 """
 
 from __future__ import annotations
@@ -31,3 +31,14 @@ def add_input_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     g.add_argument("--out", default="analysis_out", help="output folder (default: %(default)s)")
     g.add_argument("--tb-dir", default=None, help="also log scalars and figures to this TensorBoard folder")
+
+
+#: The update commands' learning rate per optimizer when ``--lr`` is not given.
+DEFAULT_LR = {"sgd": 0.01, "adamw": 1e-5}
+
+
+def add_update_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+    p.add_argument("--lr", type=float, default=None,
+                   help=f"learning rate (default: {DEFAULT_LR['sgd']} for sgd, {DEFAULT_LR['adamw']} for adamw)")
+    p.add_argument("--grad-clip", type=float, default=None, help="clip the global grad norm (default: off)")

@@ -183,21 +183,21 @@ def plot_compare_methods(result: dict):
     """Four panels of grouped bars by bucket, one bar per method (the existing analysis style)."""
     import matplotlib.pyplot as plt
 
-    from arlopti.analysis.plotting import _caption, _grouped_bars, _vals
+    from arlopti.analysis.plotting import caption_under, grouped_bars, bucket_values
 
     m = result["methods"]
     fig, axes = plt.subplots(2, 2, figsize=(15, 8.5))
-    _grouped_bars(axes[0, 0], {k: _vals(v["pos_frac"]) for k, v in m.items()}, "fraction",
+    grouped_bars(axes[0, 0], {k: bucket_values(v["pos_frac"]) for k, v in m.items()}, "fraction",
                   "A > 0 tokens whose probability rose (Fig. 3)", hline=0.5)
-    _grouped_bars(axes[0, 1], {k: _vals(v["mass_share"]) for k, v in m.items()}, "share",
+    grouped_bars(axes[0, 1], {k: bucket_values(v["mass_share"]) for k, v in m.items()}, "share",
                   "gradient-mass share Σ|A'|(1 − p)")
-    _grouped_bars(axes[1, 0], {k: _vals(v["delta_p_pos_mean"]) for k, v in m.items()}, "mean Δp",
+    grouped_bars(axes[1, 0], {k: bucket_values(v["delta_p_pos_mean"]) for k, v in m.items()}, "mean Δp",
                   "Δp of A > 0 tokens after the update")
-    _grouped_bars(axes[1, 1], {k: _vals(v["norm_share"]) for k, v in m.items()}, "share",
+    grouped_bars(axes[1, 1], {k: bucket_values(v["norm_share"]) for k, v in m.items()}, "share",
                   "share of the first step's gradient ⟨g_b, g⟩/‖g‖²")
     axes[0, 0].set_ylim(0, 1.05)
     fig.suptitle(f"Token methods on one batch ({result['optimizer'].upper()}, lr {result['lr']:g}; "
                  f"AR α={result['alpha']}, Lopti η={result['eta']})", fontsize=11)
-    _caption(fig, result.get("caption", ""))
+    caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
     return fig

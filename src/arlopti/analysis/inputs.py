@@ -3,7 +3,7 @@
 Policy: :func:`load_policy` loads a model by name (``smollm2-135m-instruct`` offline, ``tiny``, a
 local ``save_pretrained`` folder) in float32 and, with ``cold_start_steps > 0``, first runs
 :func:`arlopti.learner.cold_start.run_cold_start` on it. The warmed-up weights are cached under
-``arlopti.models.cache_dir() / "analysis" / "cold_start"`` in a folder named by a hash of every
+``arlopti.models.loading.cache_dir() / "analysis" / "cold_start"`` in a folder named by a hash of every
 setting that changes them (model, dtype, each :class:`ColdStartConfig` field), so repeated commands
 and tests reuse them; delete the folder to redo it.
 
@@ -35,7 +35,7 @@ from arlopti.algorithms import broadcast_to_tokens, grpo_advantages
 from arlopti.learner.cold_start import ColdStartConfig, run_cold_start
 from arlopti.learner.experience import Experience, build_experience, pad_prompt_response
 from arlopti.learner.policy import PolicyLM, disable_dropout
-from arlopti.models import cache_dir, load_causal_lm, load_tokenizer, resolve_model_path
+from arlopti.models.loading import cache_dir, load_causal_lm, load_tokenizer, resolve_model_path
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +191,7 @@ def choose_advantages(rewards: Tensor, group_ids: Tensor, mode: str = "auto", se
 def kk_prompts(tokenizer, num_prompts: int, num_people: list[int], puzzle_seed: int,
                template: str = "qwen-instruct") -> tuple[list[list[int]], list[str], list[str], list[dict]]:
     """``num_prompts`` generated puzzles, cycling over ``num_people``: (ids, texts, gold answers, metas)."""
-    from arlopti.data.records import render_prompt
+    from arlopti.prompts.records import render_prompt
     from arlopti.tasks.kk import build_prompt, sample_puzzles
 
     if num_prompts < 1 or not num_people:

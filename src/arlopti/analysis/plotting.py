@@ -23,11 +23,11 @@ _COLORS = {"grpo": "#4c72b0", "ar": "#dd8452", "lopti": "#55a868", "ar_lopti": "
            "all": "#4c72b0", "low": "#dd8452", "high": "#55a868"}
 
 
-def _vals(d: dict) -> list[float]:
+def bucket_values(d: dict) -> list[float]:
     return [math.nan if d.get(n) is None else d[n] for n in BUCKET_NAMES]
 
 
-def _grouped_bars(ax, series: dict[str, list[float]], ylabel: str, title: str, hline: float | None = None) -> None:
+def grouped_bars(ax, series: dict[str, list[float]], ylabel: str, title: str, hline: float | None = None) -> None:
     k = max(1, len(series))
     width = 0.8 / k
     for i, (name, vals) in enumerate(series.items()):
@@ -42,7 +42,7 @@ def _grouped_bars(ax, series: dict[str, list[float]], ylabel: str, title: str, h
     ax.legend(fontsize=8)
 
 
-def _caption(fig, text: str) -> None:
+def caption_under(fig, text: str) -> None:
     fig.text(0.01, 0.005, text, fontsize=7, color="dimgray", ha="left", va="bottom", wrap=True)
 
 
@@ -73,11 +73,11 @@ def plot_grad_norms(result: dict):
     else:
         axes[0].text(0.5, 0.5, "no per-token records", ha="center")
     if agg:
-        _grouped_bars(axes[3], {"aggregate": _vals(agg["grad_norm"])}, "‖∇θ L_bucket‖",
+        grouped_bars(axes[3], {"aggregate": bucket_values(agg["grad_norm"])}, "‖∇θ L_bucket‖",
                       "aggregate mode: GRPO loss with A kept in one bucket")
         axes[3].set_yscale("log")
     fig.suptitle("Gradient norm vs token probability (paper Fig. 1d)", fontsize=11)
-    _caption(fig, result.get("caption", ""))
+    caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.04, 1, 0.95))
     return fig
 
@@ -110,7 +110,7 @@ def plot_token_distribution(result: dict):
     axes[1].axhline(0, color="grey", lw=0.8)
     axes[1].set(xlabel="token probability p_old", ylabel="advantage A (whiskers 5–95%)",
                 title="advantages per bucket (paper Fig. 1b)")
-    _caption(fig, result.get("caption", ""))
+    caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
@@ -119,11 +119,11 @@ def plot_grad_norm_medians(result: dict):
     """Median per-token norm per bucket (log scale), the direct analogue of Fig. 1d."""
     s = result["per_token"]["summary"]
     fig, ax = plt.subplots(figsize=(6, 4))
-    _grouped_bars(ax, {"params": _vals(s["median"]["param_norm"]), "hidden": _vals(s["median"]["hidden_norm"]),
-                       "logits": _vals(s["median"]["logit_norm"])}, "median ‖∂ log p / ∂·‖",
+    grouped_bars(ax, {"params": bucket_values(s["median"]["param_norm"]), "hidden": bucket_values(s["median"]["hidden_norm"]),
+                       "logits": bucket_values(s["median"]["logit_norm"])}, "median ‖∂ log p / ∂·‖",
                   "per-token gradient norm by bucket")
     ax.set_yscale("log")
-    _caption(fig, result.get("caption", ""))
+    caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
@@ -135,11 +135,11 @@ def plot_prob_shift(result: dict):
     for ax, key, title in ((axes[0], "delta_p_pos_mean", "mean Δp, A > 0 tokens"),
                            (axes[1], "delta_p_neg_mean", "mean Δp, A < 0 tokens"),
                            (axes[2], "abs_delta_p_mean", "mean |Δp|, all tokens")):
-        _grouped_bars(ax, {f"{n} (r={v[n]['corr_with_all']:.2f})" if v[n]["corr_with_all"] is not None else n:
-                           _vals(v[n][key]) for n in v}, "Δp", title, hline=0.0)
+        grouped_bars(ax, {f"{n} (r={v[n]['corr_with_all']:.2f})" if v[n]["corr_with_all"] is not None else n:
+                           bucket_values(v[n][key]) for n in v}, "Δp", title, hline=0.0)
     fig.suptitle(f"Δp after one {result['optimizer'].upper()} step (lr {result['lr']:g}) updating all / "
                  "only [0,.25] / only (.75,1] tokens (paper Fig. 1c, 1e, 1f)", fontsize=11)
-    _caption(fig, result.get("caption", ""))
+    caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.04, 1, 0.94))
     return fig
 
@@ -147,15 +147,15 @@ def plot_prob_shift(result: dict):
 def plot_update_direction(result: dict):
     m = result["methods"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-    _grouped_bars(axes[0], {k: _vals(v["pos_frac"]) for k, v in m.items()}, "fraction",
+    grouped_bars(axes[0], {k: bucket_values(v["pos_frac"]) for k, v in m.items()}, "fraction",
                   "A > 0 tokens whose probability rose", hline=0.5)
-    _grouped_bars(axes[1], {k: _vals(v["neg_frac"]) for k, v in m.items()}, "fraction",
+    grouped_bars(axes[1], {k: bucket_values(v["neg_frac"]) for k, v in m.items()}, "fraction",
                   "A < 0 tokens whose probability fell", hline=0.5)
     for ax in axes:
         ax.set_ylim(0, 1.05)
     fig.suptitle(f"Update direction after one step ({result['optimizer'].upper()}, lr {result['lr']:g}; "
                  f"AR α={result['alpha']}, Lopti η={result['eta']}) (paper Fig. 3)", fontsize=11)
-    _caption(fig, result.get("caption", ""))
+    caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.04, 1, 0.94))
     return fig
 
@@ -180,7 +180,7 @@ def plot_word_categories(result: dict, paper_signs: dict[str, int] | None = None
     ax.set_ylim(-1, 1.12)
     ax.set_ylabel("Pearson r (rate per 100 words vs reward)")
     ax.set_title(f"Reasoning-word categories vs reward, {result['responses']} responses (paper Fig. 5)", fontsize=10)
-    _caption(fig, result.get("caption", ""))
+    caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 

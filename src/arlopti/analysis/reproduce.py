@@ -36,6 +36,8 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
+from arlopti.analysis.cli_args import DEFAULT_LR
+
 SETTINGS = ("raw", "sft")
 
 
@@ -97,7 +99,7 @@ def _with(args, **changes) -> Namespace:
 
 def run_setting(args, word_categories: bool) -> tuple[dict, dict[str, float]]:
     """All figures of one setting into ``args.out``; returns (headline numbers, timings)."""
-    from arlopti.analysis import __main__ as cli
+    from arlopti.analysis import commands as cli
     from arlopti.analysis.update_direction import first_step_specs
     from arlopti.analysis.updates import add_gradients, bucket_specs, loss_gradients
 
@@ -114,8 +116,8 @@ def run_setting(args, word_categories: bool) -> tuple[dict, dict[str, float]]:
     dist = cli.cmd_token_distribution(args, inputs)
     grad = cli.cmd_grad_norms(_with(args, mode="both"), inputs, bank)
     ticker.tick("grad_norms")
-    sgd_lr = args.sgd_lr if args.sgd_lr is not None else cli.DEFAULT_LR["sgd"]
-    adamw_lr = args.adamw_lr if args.adamw_lr is not None else cli.DEFAULT_LR["adamw"]
+    sgd_lr = args.sgd_lr if args.sgd_lr is not None else DEFAULT_LR["sgd"]
+    adamw_lr = args.adamw_lr if args.adamw_lr is not None else DEFAULT_LR["adamw"]
     ps = cli.cmd_prob_shift(_with(args, optimizer="sgd", lr=sgd_lr, grad_clip=None), inputs, bank)
     ticker.tick("prob_shift")
     first_grads = {"grpo": add_gradients(*(bank[f"b{b}"] for b in range(4))), "ar": bank["ar"],
@@ -146,7 +148,7 @@ def run_setting(args, word_categories: bool) -> tuple[dict, dict[str, float]]:
 
 def _word_categories(args, loaded, batch, out: Path) -> dict:
     """Fig. 5's word categories over a second, larger batch plus the mechanism batch's responses."""
-    from arlopti.analysis import __main__ as cli
+    from arlopti.analysis import commands as cli
     from arlopti.analysis.inputs import sample_kk_batch
     from arlopti.analysis.rollout_dump import read_dump
     from arlopti.analysis.updates import sampled_log_probs

@@ -11,14 +11,14 @@
   normally removes it. A second signal kills the process at once (a second Ctrl-C too).
 
 The checkpoint folder is checked to be writable at start-up (:meth:`RolloutCheckpoint.check_writable`,
-called by ``arlopti.train.build`` and again in ``setup``), not at the first save after the training
+called by ``arlopti.entry.train.build`` and again in ``setup``), not at the first save after the training
 work. A resumed checkpoint's weights are checked to be finite as it is loaded, before any callback
 or step uses them; the error names the first bad tensor (:meth:`RolloutCheckpoint.on_load_checkpoint`).
 * ``step=NNNNNN-<monitor>=<value>.ckpt``: the ``save_top_k`` best checkpoints by ``monitor``
   (a key of ``trainer.callback_metrics`` such as ``val/kk/mean/greedy/acc``, published by the
   eval callback), checked whenever that metric has a new value. ``monitor: null``: none.
 
-Each save goes to ``<name>.tmp`` first, is verified (:func:`arlopti.resume.validate_checkpoint`:
+Each save goes to ``<name>.tmp`` first, is verified (:func:`arlopti.checkpoints.resume.validate_checkpoint`:
 every zip entry against its CRC-32; a distributed folder gets its sha256 manifest first) and only
 then renamed into place by rank 0, the previous ``last.ckpt`` kept as ``last.ckpt.old`` (the
 fallback of ``ckpt_path=last`` when ``last.ckpt`` is damaged); a ``kill -9`` during a save
@@ -35,7 +35,7 @@ with ``rollout.seed`` and the rank determines every rollout seed, ``weight_versi
 counts), every rank's Python/NumPy/torch RNG states, and this callback's top-k bookkeeping.
 
 Which checkpoint a run resumes from, whether it is complete, and what its run state says (its
-non-tensor part, its run config against this run's) is :mod:`arlopti.resume`.
+non-tensor part, its run config against this run's) is :mod:`arlopti.checkpoints.resume`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from arlopti.learner.guard import tensors_finite
-from arlopti.resume import LAST, CheckpointError, validate_checkpoint, write_manifest
+from arlopti.checkpoints.resume import LAST, CheckpointError, validate_checkpoint, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class RolloutCheckpoint(Checkpoint):
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """Refuse a checkpoint with NaN/inf weights before anything uses them, naming the first bad
         tensor (a single file: its ``state_dict``; a distributed folder: the weights just loaded)."""
-        from arlopti.resume import first_nonfinite
+        from arlopti.checkpoints.resume import first_nonfinite
 
         state = checkpoint.get("state_dict")
         found = first_nonfinite(state.items() if state else pl_module.state_dict().items())

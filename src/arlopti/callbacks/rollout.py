@@ -220,7 +220,7 @@ class RolloutCallback(L.Callback):
         rank, d = trainer.global_rank, pl_module.cfg.algorithm.dapo
 
         def next_round(k: int) -> list[Group]:
-            extra = _datamodule_of(trainer).extra_batch(batch.position, k)
+            extra = prompt_datamodule_of(trainer).extra_batch(batch.position, k)
             seed = round_seed(pl_module.cfg.rollout.seed, pl_module.rollout_step, rank, k)
             return self.generate_and_score(extra, pl_module, seed, timings)
 
@@ -228,7 +228,7 @@ class RolloutCallback(L.Callback):
                                 world=trainer.world_size, max_gen_batches=d.max_gen_batches)
 
 
-def _datamodule_of(trainer, why: str = "algorithm.dapo.dynamic_sampling=true draws extra prompts from it"):
+def prompt_datamodule_of(trainer, why: str = "algorithm.dapo.dynamic_sampling=true draws extra prompts from it"):
     dm = getattr(trainer, "datamodule", None)
     if dm is None or not hasattr(dm, "extra_batch"):
         raise RuntimeError(f"the trainer's datamodule must be a PromptDataModule ({why}); fit with datamodule=...")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from arlopti.learner.experience import build_experience
-from arlopti.lora import base_identity, base_model_of
+from arlopti.models.lora import base_identity, base_model_of
 from arlopti.rollout.engine import SamplingConfig
 from arlopti.rollout.lora_sync import engine_named_params
 from arlopti.rollout.vllm_startup import resolve_dtype
@@ -53,11 +53,11 @@ def _tied(policy) -> bool:
 
 def server_experience(callback, trainer, pl_module, batch):
     """Step ``pl_module.rollout_step``'s experience from the workers (module docstring)."""
-    from arlopti.callbacks.rollout import _datamodule_of, round_seed
+    from arlopti.callbacks.rollout import prompt_datamodule_of, round_seed
 
     r, rank, step = pl_module.cfg.rollout, trainer.global_rank, pl_module.rollout_step
     policy = pl_module.policy
-    dm = _datamodule_of(trainer, "rollout.placement=server generates the next steps' prompts ahead")
+    dm = prompt_datamodule_of(trainer, "rollout.placement=server generates the next steps' prompts ahead")
     wire = resolve_dtype(r.dtype, next(p.dtype for p in policy.parameters() if p.is_floating_point()))
 
     def sampling_for(s: int) -> SamplingConfig:

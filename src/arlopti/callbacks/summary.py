@@ -96,11 +96,11 @@ def logger_hints(loggers) -> list[str]:
     """For each logger in use, where its files are and how to open them: TensorBoard's command,
     the csv ``metrics.csv``, the wandb run folder (offline: with ``wandb sync``; online: its URL),
     MLflow's ``mlflow ui --backend-store-uri`` for its store. Nothing for a logger that is not used."""
-    from arlopti.learner.step_logging import _kind
+    from arlopti.learner.step_logging import logger_kind
 
     lines = []
     for logger in loggers or []:
-        kind = _kind(logger)
+        kind = logger_kind(logger)
         if kind == "tensorboard":
             lines.append(f"TensorBoard: tensorboard --logdir {logger.log_dir}")
         elif kind == "csv":

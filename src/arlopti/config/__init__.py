@@ -14,22 +14,26 @@ This package re-exports the names the rest of the tree imports (``from arlopti.c
 The learning-rate schedules live with their only user, :mod:`arlopti.learner.optim`.
 """
 
-from arlopti.config.check import (_default, _unwrap_optional, check_fields, check_overrides, check_value,
+from arlopti.config.check import (field_default, unwrap_optional, check_fields, check_overrides, check_value,
                                   expected_type, field_choices, field_types, from_dict, saved_run_as_current,
                                   walk_fields)
 from arlopti.config.rules import (check_mis_bounds, check_rollout_correction_logprobs, check_rollout_offload,
                                   validate_once, validate_run)
+from arlopti.config.resolvers import register_resolvers
 from arlopti.config.schema import (RETIRED_KEYS, AlgorithmConfig, AsyncConfig, ConfigError, DapoConfig, LoptiConfig,
                                    LoraConfig, ModelConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig,
                                    RunConfig, ServerConfig, SizesConfig, TinyModelConfig, TokenMethodConfig,
                                    config_key, register_configs, schemas, setting)
 
 __all__ = [
-    "AlgorithmConfig", "AsyncConfig", "ConfigError", "DapoConfig", "LoptiConfig", "LoraConfig", "ModelConfig", "OptimConfig",
-    "RETIRED_KEYS", "RolloutConfig", "RolloutCorrectionConfig", "RunConfig", "ServerConfig", "SizesConfig", "TinyModelConfig",
-    "TokenMethodConfig", "check_fields", "check_mis_bounds", "check_overrides", "check_rollout_correction_logprobs",
-    "check_rollout_offload", "check_value", "config_key", "expected_type", "field_choices", "field_types", "from_dict",
-    "register_configs", "saved_run_as_current", "schemas", "setting", "validate_once", "validate_run", "walk_fields",
+    "AlgorithmConfig", "AsyncConfig", "ConfigError", "DapoConfig", "LoptiConfig", "LoraConfig",
+    "ModelConfig", "OptimConfig", "RETIRED_KEYS", "RolloutConfig", "RolloutCorrectionConfig", "RunConfig",
+    "ServerConfig", "SizesConfig", "TinyModelConfig", "TokenMethodConfig", "check_fields",
+    "check_mis_bounds", "check_overrides", "check_rollout_correction_logprobs", "check_rollout_offload",
+    "check_value", "config_key", "expected_type", "field_choices", "field_default", "field_types",
+    "from_dict", "register_configs", "register_resolvers", "saved_run_as_current", "schemas", "setting",
+    "unwrap_optional", "validate_once", "validate_run", "walk_fields",
 ]
 
 register_configs()
+register_resolvers()

@@ -21,7 +21,7 @@ import typing
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from arlopti.config.schema import RETIRED_KEYS, ConfigError, RunConfig, _default, config_key
+from arlopti.config.schema import RETIRED_KEYS, ConfigError, RunConfig, field_default, config_key
 
 def _key(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
@@ -47,7 +47,7 @@ def from_dict(cls, data: Mapping[str, Any] | None, where: str):
                           f"{sorted(config_key(f) for f in fields)}")
     kwargs = {}
     for name, value in data.items():
-        default = _default(known[name])
+        default = field_default(known[name])
         if dataclasses.is_dataclass(default) and not isinstance(value, type(default)):
             value = from_dict(type(default), value, _key(where, config_key(known[name])))
         elif isinstance(default, tuple) and value is not None:
@@ -64,7 +64,7 @@ def saved_run_as_current(saved: Mapping[str, Any], cls: type = RunConfig, where:
     old behaviour). Keys this version does not know otherwise stay, so that they show as differences."""
     out = {k: v for k, v in saved.items() if _key(where, k) not in RETIRED_KEYS}
     for f in dataclasses.fields(cls):
-        default = _default(f)
+        default = field_default(f)
         if f.name not in out:
             out[f.name] = dataclasses.asdict(default) if dataclasses.is_dataclass(default) else default
         elif dataclasses.is_dataclass(default) and isinstance(out[f.name], Mapping):
@@ -76,7 +76,7 @@ def walk_fields(cls: type, where: str = "") -> Iterator[tuple[str, dataclasses.F
     """``(dotted key, field, owning class)`` of every field, depth first (nested dataclasses too)."""
     for f in dataclasses.fields(cls):
         yield _key(where, config_key(f)), f, cls
-        default = _default(f)
+        default = field_default(f)
         if dataclasses.is_dataclass(default):
             yield from walk_fields(type(default), _key(where, config_key(f)))
 
@@ -158,7 +158,7 @@ def check_fields(cfg: Any, where: str = "") -> None:
 # Types, from the annotations
 # --------------------------------------------------------------------------------------------
 
-def _unwrap_optional(hint: Any) -> tuple[Any, bool]:
+def unwrap_optional(hint: Any) -> tuple[Any, bool]:
     """``(T, True)`` for ``T | None`` / ``Optional[T]``, else ``(hint, False)``."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -191,7 +191,7 @@ def _show(value: Any) -> str:
 
 def expected_type(hint: Any, f: dataclasses.Field | None = None) -> str | None:
     """What a field of type ``hint`` accepts, in words (None: a type not checked here, such as str)."""
-    base, nullable = _unwrap_optional(hint)
+    base, nullable = unwrap_optional(hint)
     origin, args = typing.get_origin(base), typing.get_args(base)
     if base is bool:
         text = "a bool (true or false)"
@@ -218,7 +218,7 @@ def check_value(key: str, value: Any, hint: Any, f: dataclasses.Field | None = N
     ``float`` (a number, not a bool; finite unless the field's ``range`` is closed at an infinite end;
     never ``nan``), ``tuple[float, float]`` (exactly that many, each checked), each optionally
     ``| None``. Other types (str, lists of str, dataclasses) are left to Hydra and the choices."""
-    base, nullable = _unwrap_optional(hint)
+    base, nullable = unwrap_optional(hint)
     expected = expected_type(hint, f)
     if expected is None:
         return
@@ -258,7 +258,7 @@ def field_types(cls: type = RunConfig, where: str = "") -> Iterator[tuple[str, d
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         yield _key(where, config_key(f)), f, hints[f.name]
-        default = _default(f)
+        default = field_default(f)
         if dataclasses.is_dataclass(default):
             yield from field_types(type(default), _key(where, config_key(f)))
 

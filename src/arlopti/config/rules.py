@@ -5,7 +5,7 @@ then these rules. A rule that code outside the config also needs (an algorithm's
 its arguments) is a public function here that both call, so that it exists in one place:
 :func:`check_mis_bounds`, :func:`check_rollout_correction_logprobs`, :func:`check_rollout_offload`,
 :func:`effective_correction_mode`.
-``python train.py`` validates once, in :func:`arlopti.train.build`, with the Trainer's real
+``python train.py`` validates once, in :func:`arlopti.entry.train.build`, with the Trainer's real
 world size (:func:`validate_once`).
 """
 

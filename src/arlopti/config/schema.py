@@ -5,7 +5,7 @@ Each dataclass is registered in Hydra's ConfigStore as ``<group>/schema`` (``alg
 ``optim``, ``sizes``, ``model``, ``rollout``; see :func:`register_configs`). The YAML files of
 those groups only extend it (``defaults: [schema, _self_]``) and set what differs, so Hydra
 rejects an unknown key or a value of the wrong type while composing, naming the key.
-``docs/config.md`` is generated from these fields (``python -m arlopti.config_docs``).
+``docs/config.md`` is generated from these fields (``python -m arlopti.config.docs``).
 
 ``choices`` come from the registry they describe where there is one (a zero-argument callable,
 read when checked). A new option is a field here (default, help, choices or range) plus the code
@@ -65,12 +65,12 @@ def config_key(f: dataclasses.Field) -> str:
 
 
 def _registry(name: str, filled_by: str = "arlopti.algorithms", notes: bool = False) -> Callable[[], Any]:
-    """``choices`` read, when checked, from the registry ``name`` of :mod:`arlopti.algorithms.registry`
+    """``choices`` read, when checked, from the registry ``name`` of :mod:`arlopti.config.registries`
     that importing ``filled_by`` fills: its names, or with ``notes`` name -> note (the first line of
     the registered function's docstring, in registration order)."""
     def names() -> Any:
         importlib.import_module(filled_by)
-        from arlopti.algorithms import registry
+        from arlopti.config import registries as registry
 
         reg = getattr(registry, name)
         return reg.notes() if notes else list(reg.names())
@@ -296,8 +296,8 @@ class SizesConfig:
 
 @dataclass
 class TinyModelConfig:
-    """The random test model of `model.name_or_path=tiny` (`arlopti.models.TinySpec` is this
-    class): `arlopti.models.build_tiny_model` builds it from these fields."""
+    """The random test model of `model.name_or_path=tiny` (`arlopti.models.loading.TinySpec` is this
+    class): `arlopti.models.loading.build_tiny_model` builds it from these fields."""
 
     arch: str = setting("qwen2", "architecture (model.name_or_path=tiny-llama forces llama)",
                         choices=("qwen2", "llama"))
@@ -316,7 +316,7 @@ class TinyModelConfig:
 
 @dataclass
 class LoraConfig:
-    """LoRA adapters on the policy (peft; arlopti/lora.py, docs/lora.md). Off while ``r`` is 0."""
+    """LoRA adapters on the policy (peft; arlopti/models/lora.py, docs/lora.md). Off while ``r`` is 0."""
 
     r: int | None = setting(0, "LoRA rank; 0 or null = full-parameter training (off)", range="[0, inf)")
     alpha: float | None = setting(None, "LoRA alpha (scale alpha / r); null = 2 x r", range="(0, inf)")
@@ -465,7 +465,7 @@ RETIRED_KEYS = {
 
 def schemas() -> dict[str, type]:
     """Hydra group -> its dataclass (the fields of :class:`RunConfig`)."""
-    return {f.name: type(_default(f)) for f in dataclasses.fields(RunConfig)}
+    return {f.name: type(field_default(f)) for f in dataclasses.fields(RunConfig)}
 
 
 def register_configs() -> None:
@@ -491,7 +491,7 @@ def _hydra_node(cls: type) -> Any:
 
     node = {}
     for f in fields:
-        default = _default(f)
+        default = field_default(f)
         node[config_key(f)] = _hydra_node(type(default)) if dataclasses.is_dataclass(default) else default
     node = {k: OmegaConf.structured(v) if isinstance(v, type) else v for k, v in node.items()}
     out = OmegaConf.create(node)
@@ -499,6 +499,6 @@ def _hydra_node(cls: type) -> Any:
     return out
 
 
-def _default(f: dataclasses.Field) -> Any:
+def field_default(f: dataclasses.Field) -> Any:
     """A field's default value (its factory called)."""
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -3,7 +3,7 @@
 ``GenericPromptDataModule`` reads a training source and, optionally, a validation source; each is
 
 * a file: ``.jsonl`` / ``.jsonl.gz``, ``.json`` (a list of objects), ``.parquet`` or ``.csv``
-  (header line; every value a string), read by :mod:`arlopti.data.readers`;
+  (header line; every value a string), read by :mod:`arlopti.prompts.readers`;
 * a ``datasets`` folder (``save_to_disk`` output, ``datasets.load_from_disk``); a ``DatasetDict``
   names its split as ``FOLDER@split`` unless it holds one split;
 * ``hub:NAME[:CONFIG][@SPLIT]`` (``datasets.load_dataset(NAME, CONFIG, split=SPLIT or "train")``;
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 
 from arlopti.data.prompt_datamodule import PromptDataModule
-from arlopti.data.records import PromptRecord
-from arlopti.data.readers import iter_dataset_folder, iter_records
+from arlopti.prompts.records import PromptRecord
+from arlopti.prompts.readers import iter_dataset_folder, iter_records
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from arlopti.data.prompt_datamodule import PromptDataModule
-from arlopti.data.records import PromptRecord
+from arlopti.prompts.records import PromptRecord
 from arlopti.tasks.kk.generator import OFFICIAL_SEED, check_num_people
 from arlopti.tasks.kk.prompts import OFFICIAL, TEMPLATES, build_prompt
 from arlopti.tasks.kk.puzzle import Puzzle

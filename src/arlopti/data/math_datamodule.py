@@ -1,6 +1,6 @@
 """Math prompt sets (DSR-Uniform, DeepScaleR, ORZ) and math benchmarks as a Lightning DataModule.
 
-Train prompts come from one file (any layout :mod:`arlopti.data.math_readers` reads: the
+Train prompts come from one file (any layout :mod:`arlopti.tasks.math.readers` reads: the
 prepared JSONL, the shared DSR-Uniform fixture, a verl parquet, ORZ JSON); validation sets are
 benchmarks from :mod:`arlopti.eval.benchmarks`. Each problem becomes the official prompt
 (problem + suffix) in the ``raw`` or ``chat`` template. Tokenising, length filtering, sharding
@@ -16,9 +16,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from arlopti.data.math_readers import read_math_file
+from arlopti.tasks.math.readers import read_math_file
 from arlopti.data.prompt_datamodule import PromptDataModule
-from arlopti.data.records import PromptRecord
+from arlopti.prompts.records import PromptRecord
 from arlopti.tasks.math.prompts import TEMPLATES, build_prompt
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ import json
 import sys
 from pathlib import Path
 
-from arlopti.data.readers import write_jsonl
+from arlopti.prompts.readers import write_jsonl
 from arlopti.tasks.kk.generator import MAX_PEOPLE, MIN_PEOPLE, OFFICIAL_SEED
 from arlopti.tasks.kk.puzzle import Puzzle
 from arlopti.tasks.kk.sources import (LOGIC_RL_TEST, LOGIC_RL_TRAIN, OFFICIAL_SKIP, by_num_people,

@@ -8,7 +8,7 @@ root so that ``configs/data/<name>.yaml`` finds it).
 Sources, first match wins:
 
 * ``--input FILE``: a local ``.parquet`` / ``.jsonl`` / ``.jsonl.gz`` / ``.json`` in any layout
-  :mod:`arlopti.data.math_readers` recognises (plain problem/answer, AR-Lopti verl parquet,
+  :mod:`arlopti.tasks.math.readers` recognises (plain problem/answer, AR-Lopti verl parquet,
   ORZ dialogues);
 * ``dsr_uniform`` without ``--input``: the shared fixture
   ``fixtures/math/dsr_uniform_train_10k.jsonl.gz`` (all 10,000 problems of AR-Lopti's
@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from arlopti.data.math_readers import MathProblem, convert_rows, read_math_file, write_jsonl
+from arlopti.tasks.math.readers import MathProblem, convert_rows, read_math_file, write_jsonl
 
 DATASETS = ("dsr_uniform", "deepscaler", "orz")
 HF_DEFAULTS: dict[str, tuple[str, str] | None] = {

@@ -2,7 +2,7 @@
 
 The training config is composed as ``python train.py`` composes it (``configs/train.yaml`` with
 the same Hydra overrides), the tokenizer is built from ``model`` and the DataModule from ``data``
-(as :func:`arlopti.train.build` does), ``setup()`` runs (rendering, tokenising, length filter),
+(as :func:`arlopti.entry.train.build` does), ``setup()`` runs (rendering, tokenising, length filter),
 and every prompt that survives is written, one JSON object per line:
 
 ``uid``, ``split`` (``train`` or ``val``), ``set`` (the validation set's name, or ``train``),
@@ -27,41 +27,12 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from arlopti.config.compose import compose
+
 SPLITS = ("train", "val", "all")
 # The sampler's complaint about a training set smaller than one step: the prompts are still worth
 # showing (e.g. every prompt over max_prompt_length), so preview warns instead of failing.
 _TOO_FEW = "fewer than data.prompts_per_step"  # training would stop, but preview shows what is left
-
-
-def default_config_dir() -> Path:
-    """``$PROJECT_ROOT/configs`` when set, else the checkout's ``configs`` (this file lives in
-    ``<root>/src/arlopti/data``), else ``./configs``."""
-    if os.environ.get("PROJECT_ROOT"):
-        return Path(os.environ["PROJECT_ROOT"]) / "configs"
-    here = Path(__file__).resolve().parents[3] / "configs"
-    return here if (here / "train.yaml").is_file() else Path.cwd() / "configs"
-
-
-def compose(overrides: list[str], config_dir: str | Path | None = None):
-    """The composed training config (``train.yaml``) for these Hydra overrides."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    import arlopti  # noqa: F401  (as train.py: registers the config resolvers)
-    import arlopti.config  # noqa: F401  (as train.py: registers the group schemas, algorithm/schema, ...)
-
-    config_dir = Path(config_dir) if config_dir is not None else default_config_dir()
-    if not (config_dir / "train.yaml").is_file():
-        raise FileNotFoundError(f"{config_dir} holds no train.yaml; pass --config-dir <repo>/configs")
-    # paths.root_dir interpolates PROJECT_ROOT, which train.py sets to the repository root.
-    os.environ.setdefault("PROJECT_ROOT", str(config_dir.resolve().parent))
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(version_base="1.3", config_dir=str(config_dir.resolve())):
-            return hydra_compose("train.yaml", overrides=list(overrides))
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def build_datamodule(cfg):
@@ -71,7 +42,7 @@ def build_datamodule(cfg):
 
     from arlopti.config import ModelConfig, from_dict
     from arlopti.data.prompt_datamodule import VAL_ALL_TOO_LONG
-    from arlopti.models import load_tokenizer
+    from arlopti.models.loading import load_tokenizer
 
     model = from_dict(ModelConfig, OmegaConf.to_container(cfg.model, resolve=True), "model")
     tokenizer = load_tokenizer(model.name_or_path, model.tiny.vocab_size)
@@ -133,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        cfg = compose(args.overrides, args.config_dir)
+        cfg = compose(args.overrides, config_dir=args.config_dir)
         _, dm = build_datamodule(cfg)
     except (FileNotFoundError, ValueError, KeyError, HydraException, OmegaConfBaseException) as err:
         print(f"preview: error: {type(err).__name__}: {err}", file=sys.stderr)

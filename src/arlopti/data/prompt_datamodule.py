@@ -8,7 +8,7 @@ This base class then
 * **filters** prompts longer than ``max_prompt_length`` (never truncates) and logs the count;
   validation sets use ``val_max_prompt_length`` when set (``fidelity=official``: 1,024, the
   official validation filter), else the same ``max_prompt_length``;
-* yields :class:`~arlopti.data.batch.PromptBatch` objects of ``prompts_per_step`` prompts per
+* yields :class:`~arlopti.prompts.batch.PromptBatch` objects of ``prompts_per_step`` prompts per
   optimizer-independent *rollout step*, sharded across data-parallel ranks (rank r takes a
   contiguous slice of the global batch, so whole prompts, and therefore whole GRPO groups,
   stay on one rank);
@@ -41,8 +41,8 @@ import lightning.pytorch as L
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from arlopti.data.batch import PromptBatch, PromptSample, collate_prompts
-from arlopti.data.records import PromptRecord, tokenize_records
+from arlopti.prompts.batch import PromptBatch, PromptSample, collate_prompts
+from arlopti.prompts.records import PromptRecord, tokenize_records
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from arlopti.data.math_readers import Answer, convert_rows, read_math_file
+from arlopti.tasks.math.readers import Answer, convert_rows, read_math_file
 
 log = logging.getLogger(__name__)
 

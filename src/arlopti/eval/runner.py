@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from arlopti.data.batch import PromptSample
+from arlopti.prompts.batch import PromptSample
 from arlopti.rollout.engine import RolloutEngine, SamplingConfig
 from arlopti.tasks.base import Task
 

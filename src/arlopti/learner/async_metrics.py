@@ -23,7 +23,7 @@ from arlopti.algorithms.buckets import BUCKET_NAMES
 from arlopti.algorithms.staleness import (PREFIX, check_staleness_bound, lopti_flip_counts, sample_staleness,
                                           staleness_metrics)
 from arlopti.learner.experience import Experience
-from arlopti.learner.step_metrics import MetricSet
+from arlopti.learner.metric_set import MetricSet
 
 
 def add_async_metrics(metrics: MetricSet, exp: Experience, old_log_probs: Tensor, trained_version: int,

@@ -75,7 +75,7 @@ def load_learner_state(checkpoint: dict, policy, guard, rank: int, world_size: i
     model's identity), restore ``guard``, and return ``(rollout_step, weight_version, this rank's
     RNG state or None)``. A checkpoint without ``policy_version`` (saved before it existed) loads as
     before; one whose ``policy_version`` differs from its ``rollout_step`` raises ``ValueError``."""
-    from arlopti.lora import check_base_identity
+    from arlopti.models.lora import check_base_identity
 
     if "state_dict" in checkpoint:  # single-file checkpoints; FSDP2 folders are checked by the DCP loader
         check_policy_keys(checkpoint["state_dict"], policy)

@@ -53,7 +53,7 @@ class ColdStartConfig:
 
 def sft_examples(tokenizer, cfg: ColdStartConfig) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids + EOS) pairs from generated puzzles (see module docstring)."""
-    from arlopti.data.records import render_prompt
+    from arlopti.prompts.records import render_prompt
     from arlopti.tasks.kk import build_prompt, sample_puzzles, sft_response
 
     per_n = max(1, cfg.puzzles // len(cfg.num_people))

@@ -1,7 +1,7 @@
 """``Experience``: one rollout step's sampled responses and rewards, as the learner consumes them.
 
 Built by the rollout callback from the prompts, the engine's completions and the task's
-rewards; attached to the :class:`~arlopti.data.batch.PromptBatch` as ``batch.experience``.
+rewards; attached to the :class:`~arlopti.prompts.batch.PromptBatch` as ``batch.experience``.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def experience_of(batch) -> Experience:
     exp: Experience | None = getattr(batch, "experience", None)
     if exp is None:
         raise RuntimeError("the batch carries no experience: the learner's RolloutCallback "
-                           "(arlopti.train.attach_rollout_callback) attaches it before each step")
+                           "(arlopti.entry.train.attach_rollout_callback) attaches it before each step")
     return exp
 
 

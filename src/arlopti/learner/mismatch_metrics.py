@@ -20,7 +20,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from arlopti.algorithms.mismatch import PREFIX, mismatch_metrics
-from arlopti.learner.step_metrics import MetricSet
+from arlopti.learner.metric_set import MetricSet
 
 #: How each ``mismatch/<name>`` combines (``mean``, token-weighted, unless listed).
 MISMATCH_KINDS = {"tokens": "sum", "abs_diff_max": "max"}

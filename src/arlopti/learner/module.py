@@ -104,13 +104,14 @@ from arlopti.learner.guard import NonFiniteAbort, NonFiniteGuard, clip_global_no
 from arlopti.learner.optim import build_optimizer
 from arlopti.learner.microbatch import micro_batches_of, mini_batches
 from arlopti.learner.checkpoint_state import drop_reference_weights, learner_state, load_learner_state
-from arlopti.lora import apply_lora, lora_enabled
+from arlopti.models.lora import apply_lora, lora_enabled
 from arlopti.learner.sharding import shard_under_model_parallel
 from arlopti.learner.policy import PolicyLM, disable_dropout, old_and_ref_log_probs
 from arlopti.learner.step_logging import write_hparams, write_step
-from arlopti.learner.step_metrics import MetricSet, add_objective_metrics, add_step_metrics
+from arlopti.learner.metric_set import MetricSet
+from arlopti.learner.step_metrics import add_objective_metrics, add_step_metrics
 from arlopti.learner.targets import FirstForward, Targets, complete_targets, token_advantages
-from arlopti.models import load_causal_lm
+from arlopti.models.loading import load_causal_lm
 from arlopti.utils.rng import restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class StepContext:
 class GRPOModule(L.LightningModule):
     """See the module docstring. ``cfg`` is a validated :class:`~arlopti.config.RunConfig`;
     ``task_options`` (the run's ``tasks`` node) are kept for the rollout callback, which
-    ``arlopti.train.attach_rollout_callback`` wires (the learner imports no callback)."""
+    ``arlopti.entry.train.attach_rollout_callback`` wires (the learner imports no callback)."""
 
     #: Take the first optimizer step's old log-probs from its own training forward (module
     #: docstring, "Forward passes"); tests switch it off to compare with the separate pass.
@@ -145,7 +146,7 @@ class GRPOModule(L.LightningModule):
         self.automatic_optimization = False
         validate_once(cfg)  # a no-op when train.build validated this config already (once per start)
         self.cfg = cfg
-        # data_signature: the data config's identity (arlopti.train.data_signature), checked on resume
+        # data_signature: the data config's identity (arlopti.entry.train.data_signature), checked on resume
         self.save_hyperparameters({"run": asdict(cfg), **({"data": dict(data_signature)} if data_signature else {})})
         self.tokenizer = tokenizer
         self.total_rollout_steps = total_rollout_steps

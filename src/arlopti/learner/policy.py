@@ -121,7 +121,7 @@ def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: s
     first of every row not in ``skip`` (zeros there), the second of all rows from ``ref``, or with
     ``lora_ref`` from ``policy`` with its LoRA adapters off, else None (β = 0). Zeros on padding.
     ``policy`` runs in eval mode and gets its mode back."""
-    from arlopti.lora import adapters_disabled
+    from arlopti.models.lora import adapters_disabled
 
     mask = exp.response_mask
     old = torch.zeros_like(mask)

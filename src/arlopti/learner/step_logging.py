@@ -34,7 +34,7 @@ def sample_records(exp: Experience, step: int, n_samples: int) -> list[dict]:
     return out
 
 
-def _kind(logger) -> str:
+def logger_kind(logger) -> str:
     """``tensorboard`` / ``wandb`` / ``mlflow`` / ``csv`` / ``other`` by the names of the logger's
     classes, subclasses included (no import of the optional packages)."""
     kinds = {"TensorBoardLogger": "tensorboard", "WandbLogger": "wandb", "MLFlowLogger": "mlflow",
@@ -54,7 +54,7 @@ def write_samples(loggers, records: list[dict], step: int) -> None:
     if not records:
         return
     for logger in loggers:
-        kind = _kind(logger)
+        kind = logger_kind(logger)
         if kind == "tensorboard":
             writer = logger.experiment
             for r in records:
@@ -87,7 +87,7 @@ def write_config(loggers, config_yaml: str) -> None:
     hyper-parameters Lightning logs at the start); MLflow the artifact ``config.yaml``; CSV the
     file ``config.yaml`` next to ``metrics.csv`` (``hparams.yaml`` beside it holds the hyper-parameters)."""
     for logger in loggers:
-        kind = _kind(logger)
+        kind = logger_kind(logger)
         if kind == "tensorboard":
             logger.experiment.add_text("config", "    " + config_yaml.replace("\n", "\n    "), 0)
         elif kind == "wandb":

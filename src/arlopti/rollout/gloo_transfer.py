@@ -126,10 +126,10 @@ def _engine_class():
         def finish_weight_update(self) -> None:
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-            from arlopti.rollout.vllm_startup import _refresh_cpu_gemm_weights
+            from arlopti.rollout.vllm_startup import refresh_cpu_gemm_weights
 
             finalize_layerwise_reload(self.model, self.model_config)
-            _refresh_cpu_gemm_weights(self.model)
+            refresh_cpu_gemm_weights(self.model)
 
         def receive_weights(self, update_info: GlooUpdateInfo) -> None:
             if self.group is None:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from arlopti.lora import base_model_of, is_lora
+from arlopti.models.lora import base_model_of, is_lora
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ another host, then named in the trainer's ``rollout.server.urls``::
 The overrides are the training run's own (``train.yaml`` composed with them); only ``model.*`` and
 ``rollout.*`` are read. What it does:
 
-1. loads the policy's model exactly as the trainer does (:func:`arlopti.models.load_causal_lm`) and
-   takes its base identity (:func:`arlopti.lora.base_identity`: the architecture and a fingerprint of
+1. loads the policy's model exactly as the trainer does (:func:`arlopti.models.loading.load_causal_lm`) and
+   takes its base identity (:func:`arlopti.models.lora.base_identity`: the architecture and a fingerprint of
    the embedding); the identity becomes the served model name, ``arlopti-<fingerprint>``, which the
    trainer compares with its own when it connects (a worker built from another base is refused);
 2. writes the engine's model directory (config, tokenizer; no weights: vLLM starts with dummy weights
@@ -73,9 +73,9 @@ def server_env(base: dict | None = None) -> dict:
 def prepare_model_dir(model_cfg, rollout_cfg, out_dir: Path) -> tuple[dict, str, int]:
     """Load the model as the trainer does, write the engine's directory, and return
     ``(base identity, dtype name, max_model_len)``."""
-    from arlopti.lora import base_identity
-    from arlopti.models import load_causal_lm, load_tokenizer
-    from arlopti.rollout.vllm_startup import _dtype_name, engine_model_spec, save_for_engine
+    from arlopti.models.lora import base_identity
+    from arlopti.models.loading import load_causal_lm, load_tokenizer
+    from arlopti.rollout.vllm_startup import dtype_name, engine_model_spec, save_for_engine
 
     tokenizer = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
     model = load_causal_lm(model_cfg.name_or_path, tokenizer, dtype=model_cfg.dtype, tiny=model_cfg.tiny)
@@ -83,7 +83,7 @@ def prepare_model_dir(model_cfg, rollout_cfg, out_dir: Path) -> tuple[dict, str,
     dtype, max_len, _ = engine_model_spec(model, rollout_cfg)
     save_for_engine(model, tokenizer, out_dir, dtype, 0, weights=False)
     del model
-    return identity, _dtype_name(dtype), max_len
+    return identity, dtype_name(dtype), max_len
 
 
 def _parent_gone(parent_pid: int) -> bool:
@@ -118,7 +118,7 @@ def supervise(argv: list[str], env: dict, parent_pid: int | None, cpus: str | No
 
 def _configs(overrides: list[str], run_config: str | None):
     """``(model config, rollout config)`` from a run-config JSON (spawned) or train.yaml + overrides
-    (composed as ``data.preview`` and ``train.py`` compose it)."""
+    (:func:`arlopti.config.compose.compose`, as ``train.py`` composes it)."""
     from arlopti.config import ModelConfig, RolloutConfig, from_dict
 
     if run_config:
@@ -126,7 +126,7 @@ def _configs(overrides: list[str], run_config: str | None):
     else:
         from omegaconf import OmegaConf
 
-        from arlopti.data.preview import compose
+        from arlopti.config.compose import compose
 
         cfg = compose(overrides)
         data = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "rollout")}

@@ -47,7 +47,7 @@ SERVED_PREFIX = "arlopti-"
 
 
 def served_model_name(identity: dict) -> str:
-    """The served model name that carries the base identity (:func:`arlopti.lora.base_identity`);
+    """The served model name that carries the base identity (:func:`arlopti.models.lora.base_identity`);
     :mod:`arlopti.rollout.serve` serves under it and :meth:`RolloutWorker.check_base` compares it."""
     return SERVED_PREFIX + identity["fingerprint"][:16]
 

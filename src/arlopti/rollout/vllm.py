@@ -65,7 +65,7 @@ from arlopti.config import RolloutConfig
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
 from arlopti.rollout.hf import sample_seed
 from arlopti.rollout.lora_sync import adapter_engine_class, changed_only, engine_named_params
-from arlopti.rollout.vllm_startup import FIRST_SYNC_VERSION, PROMPT_BUDGET, _dtype_name, _worker_load, start_vllm
+from arlopti.rollout.vllm_startup import FIRST_SYNC_VERSION, PROMPT_BUDGET, dtype_name, worker_load, start_vllm
 from arlopti.rollout.weight_sync import (WeightSyncError, check_names, named_sync_params, nbytes,
                                          stream_tensors)
 
@@ -127,7 +127,7 @@ class VLLMEngine(RolloutEngine):
         engine.weights_loaded = weights == "files"
         engine.stats.extra.update(s.record, platform=s.platform, start_weights=weights)
         log.info("vLLM engine ready: %s, %s, max_model_len %d, sleep mode %s, built in %.1f s (model dir %s)",
-                 s.platform, _dtype_name(s.dtype), s.max_model_len, "on" if engine.sleep_enabled else "off",
+                 s.platform, dtype_name(s.dtype), s.max_model_len, "on" if engine.sleep_enabled else "off",
                  engine.stats.extra["init_s"], s.model_dir)
         if first_sync and not engine.weights_loaded:
             engine.sync_weights(policy, FIRST_SYNC_VERSION)
@@ -227,7 +227,7 @@ class VLLMEngine(RolloutEngine):
         for method in methods:
             stream = stream_tensors(items, self.bucket_bytes, dtype=self.dtype)
             try:
-                result = self.llm.collective_rpc(_worker_load, args=(stream, method))[0]
+                result = self.llm.collective_rpc(worker_load, args=(stream, method))[0]
             except (AttributeError, NotImplementedError, TypeError) as err:
                 # the backend cannot take this route (vLLM-CPU: load_weights after its weight packing)
                 errors.append(f"{method}: {type(err).__name__}: {err}")

@@ -2,7 +2,7 @@
 
 The engine itself (sampling, weight sync, sleep mode) is :class:`arlopti.rollout.vllm.VLLMEngine`;
 this module starts it (:func:`start_vllm`) and holds what runs on vLLM's worker during a sync
-(:func:`_worker_load`).
+(:func:`worker_load`).
 
 Build (:func:`start_vllm`, called once by ``VLLMEngine.from_policy`` from the callback's
 ``setup``): the policy's
@@ -45,7 +45,7 @@ Threads: vLLM-CPU replaces ``torch.set_num_threads`` with a no-op while it start
 CUDA worker drops torch to one intra-op thread. Both are undone right after start-up, so the
 trainer keeps its own thread count (recorded in ``stats.extra``).
 
-Weight-loading route (:func:`_worker_load`, run on vLLM's worker through ``collective_rpc``):
+Weight-loading route (:func:`worker_load`, run on vLLM's worker through ``collective_rpc``):
 ``load_weights`` calls the model's own ``load_weights``; ``reload_weights`` calls vLLM's layer-wise
 ``worker.reload_weights``, which returns nothing, so the names vLLM reports loaded are taken from
 the one ``model.load_weights`` call it makes: that method is wrapped for the duration of the call
@@ -115,7 +115,7 @@ def resolve_dtype(cfg_dtype: str | None, policy_dtype: torch.dtype) -> torch.dty
     return _DTYPES[cfg_dtype]
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     for k, v in _DTYPES.items():
         if v == dtype:
             return k
@@ -229,7 +229,7 @@ def engine_args(model_dir: str, dtype: torch.dtype, max_model_len: int, cfg: Rol
     weights, a sync follows) or ``"auto"`` (the safetensors in ``model_dir``).
     """
     kwargs: dict[str, Any] = dict(
-        model=model_dir, tokenizer=model_dir, dtype=_dtype_name(dtype), seed=int(cfg.seed), load_format=load_format,
+        model=model_dir, tokenizer=model_dir, dtype=dtype_name(dtype), seed=int(cfg.seed), load_format=load_format,
         gpu_memory_utilization=float(cfg.gpu_memory_utilization), enforce_eager=bool(cfg.enforce_eager),
         max_model_len=int(max_model_len), enable_sleep_mode=sleep_mode, logprobs_mode="processed_logprobs",
         use_tqdm_on_load=False, disable_log_stats=True)
@@ -443,7 +443,7 @@ def _worker_model(worker):
     return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
 
-def _refresh_cpu_gemm_weights(model) -> list[str]:
+def refresh_cpu_gemm_weights(model) -> list[str]:
     """Rebuild vLLM-CPU's packed GEMM copies of weights that a reload updated only in place.
 
     vLLM-CPU multiplies by a packed copy (oneDNN / sgl) built from ``layer.weight`` after
@@ -483,7 +483,7 @@ def _capture_load_weights(model) -> Iterator[dict]:
         del model.load_weights
 
 
-def _worker_load(worker, weights, method: str) -> dict:
+def worker_load(worker, weights, method: str) -> dict:
     """Runs on the vLLM worker (in this process): load ``weights`` by ``method``.
 
     Returns the engine parameter names vLLM reports loaded (None if the model does not report)
@@ -501,7 +501,7 @@ def _worker_load(worker, weights, method: str) -> dict:
         loaded = captured.get("loaded")
     else:
         raise ValueError(f"unknown weight-load method {method!r}")
-    refreshed = _refresh_cpu_gemm_weights(model)
+    refreshed = refresh_cpu_gemm_weights(model)
     return {"refreshed": refreshed, "loaded": None if loaded is None else sorted(loaded),
             "engine": sorted(n.replace(".base_layer.", ".") for n, _ in model.named_parameters())}  # LoRA-wrapped
 

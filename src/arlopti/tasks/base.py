@@ -12,7 +12,7 @@ A new task needs no file under ``src/``: a reward function given by path and a p
 ``docs/custom_task.md``). The built-in tasks ``kk`` and ``math`` (and ``custom``) are
 :class:`Task` subclasses decorated with :func:`register_task` in modules that
 ``arlopti/tasks/__init__.py`` imports; a :class:`Task` subclass of your own registers the same
-way, in a module imported before ``arlopti.train.train`` runs (a wrapper script of yours).
+way, in a module imported before ``arlopti.entry.train.train`` runs (a wrapper script of yours).
 """
 
 from __future__ import annotations

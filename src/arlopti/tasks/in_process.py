@@ -1,4 +1,4 @@
-"""Reward callables handed over in Python (``arlopti.run(reward_fn=...)``, :mod:`arlopti.api`).
+"""Reward callables handed over in Python (``arlopti.run(reward_fn=...)``, :mod:`arlopti.entry.api`).
 
 A callable cannot travel in a config, so :func:`register_callable` keeps it in this process under
 a key and returns the spec ``callable:<key>`` that ``task.reward_fn`` / ``task.reward_fns`` carry.

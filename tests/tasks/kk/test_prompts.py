@@ -66,7 +66,7 @@ def official_puzzle():
 
 
 def test_official_template_feeds_the_record_prompt_verbatim(tiny_tokenizer):
-    from arlopti.data.records import render_prompt
+    from arlopti.prompts.records import render_prompt
 
     record, puzzle = official_puzzle()
     pieces = build_prompt(puzzle, "official")

@@ -10,7 +10,7 @@
   every ``kk_*`` experiment) uses it.
 * ``qwen-instruct``: chat messages ``[system: instructions, user: quiz]`` plus the assistant turn
   pre-filled with ``<think>``. The model's own chat template renders them (nothing Qwen-specific is
-  hard-coded here), via :class:`arlopti.data.records.PromptRecord` with
+  hard-coded here), via :class:`arlopti.prompts.records.PromptRecord` with
   ``messages=...`` and ``assistant_prefix="<think>"``. ``configs/data/kk_generated.yaml`` uses it
   (our generator's puzzles have no official prompt).
 * ``base``: one completion text ``"<instructions>\n\nUser: <quiz>\nAssistant: <think>"`` for base
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arlopti.data.records import PromptRecord, render_prompt
+from arlopti.prompts.records import PromptRecord, render_prompt
 from arlopti.tasks.kk.puzzle import Puzzle
 
 SYSTEM_PROMPT = (
@@ -53,7 +53,7 @@ class PromptPieces:
     rendered: str | None = None
 
     def to_prompt_record(self, uid: str, ground_truth, task: str = "kk", meta: dict | None = None):
-        """A :class:`arlopti.data.records.PromptRecord` with these pieces."""
+        """A :class:`arlopti.prompts.records.PromptRecord` with these pieces."""
 
         return PromptRecord(uid=uid, ground_truth=ground_truth, task=task, text=self.text,
                             messages=[dict(m) for m in self.messages] if self.messages else None,

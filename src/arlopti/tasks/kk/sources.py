@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from arlopti.data.readers import iter_records
+from arlopti.prompts.readers import iter_records
 from arlopti.tasks.kk.generator import OFFICIAL_SEED, check_num_people, sample_puzzles
 from arlopti.tasks.kk.puzzle import Puzzle
 

@@ -19,7 +19,7 @@ def prompt_text(problem: str) -> str:
 def build_prompt(problem: str, template: str = "raw") -> dict:
     """``{"text": ...}`` for ``raw`` or ``{"messages": [...]}`` for ``chat``.
 
-    The dict holds exactly the keyword arguments a :class:`~arlopti.data.records.PromptRecord`
+    The dict holds exactly the keyword arguments a :class:`~arlopti.prompts.records.PromptRecord`
     needs for the prompt. Raises ValueError for an unknown template.
     """
     if template == "raw":

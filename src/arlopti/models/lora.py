@@ -1,0 +1,204 @@
+"""LoRA adapters on the policy (``model.lora``), with peft.
+
+``model.lora.r > 0`` wraps the loaded causal LM in a ``peft.PeftModel``: every targeted linear
+layer ``W`` becomes ``W x + (alpha / r) · B A x`` with ``A [r, in]`` (Kaiming-uniform) and
+``B [out, r]`` (zeros), so the adapted model starts equal to the base (Hu et al. 2021, eq. 3;
+peft ``tuners/lora/layer.py``, ``LoraLayer.update_layer``). Only ``A``, ``B`` and the
+``modules_to_save`` copies require grad; the optimizer sees nothing else
+(``GRPOModule.configure_optimizers`` takes the trainable parameters).
+
+What LoRA changes elsewhere, each in one place:
+
+* the reference model is the base itself: :func:`adapters_disabled` runs the policy with the
+  adapters off (``PeftModel.disable_adapter``), so no second copy is loaded;
+* checkpoints keep only the trainable tensors (:func:`drop_frozen_weights`, a ``state_dict``
+  post-hook) and the base model's identity (:func:`base_identity`), checked on resume;
+* the vLLM sync sends merged weights or the adapter (:mod:`arlopti.rollout.lora_sync`);
+* export writes a PEFT adapter folder or merged weights (:mod:`arlopti.checkpoints.export`).
+
+Nothing else: the learner's objective, phases and normalisers are parameter-agnostic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from arlopti.config import ConfigError, LoraConfig
+
+log = logging.getLogger(__name__)
+
+#: ``target_modules: [all-linear]``: every linear layer of a Qwen2 / Llama decoder block (attention
+#: projections and the gated MLP), not the LM head — the set TRL's and verl's LoRA examples use.
+ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ALL_LINEAR_NAME = "all-linear"
+
+
+def lora_enabled(lora: LoraConfig | None) -> bool:
+    """``model.lora.r`` of 0 or null means full-parameter training."""
+    return lora is not None and bool(lora.r)
+
+
+def lora_alpha(lora: LoraConfig) -> float:
+    """``model.lora.alpha``, or 2 · r when null."""
+    return float(lora.alpha) if lora.alpha is not None else 2.0 * float(lora.r)
+
+
+def linear_leaf_names(model: nn.Module) -> list[str]:
+    """The distinct leaf names of the model's ``nn.Linear`` layers (what ``target_modules`` names)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+
+
+def resolve_targets(model: nn.Module, targets: list[str]) -> list[str]:
+    """Expand ``all-linear`` and check every entry matches a module of ``model``.
+
+    An entry matches a module whose full name equals it or ends with ``.<entry>`` (peft's
+    suffix rule). An entry that matches nothing is an error listing the model's linear layer names.
+    """
+    if not targets:
+        raise ConfigError("model.lora.target_modules is empty: name the layers to adapt, e.g. [all-linear] "
+                          "or [q_proj, v_proj]")
+    names = [n for n, _ in model.named_modules()]
+    out: list[str] = []
+    for entry in targets:
+        wanted = [t for t in ALL_LINEAR if any(n.endswith("." + t) for n in names)] if entry == ALL_LINEAR_NAME \
+            else [entry]
+        for t in wanted:
+            if not any(n == t or n.endswith("." + t) for n in names):
+                raise ConfigError(f"model.lora.target_modules: {entry!r} matches no module of "
+                                  f"{type(model).__name__}; its linear layers are named {linear_leaf_names(model)}")
+            if t not in out:
+                out.append(t)
+    if not out:
+        raise ConfigError(f"model.lora.target_modules=[{ALL_LINEAR_NAME}]: {type(model).__name__} has none of "
+                          f"{list(ALL_LINEAR)}; name its layers instead: {linear_leaf_names(model)}")
+    return out
+
+
+def apply_lora(model: nn.Module, lora: LoraConfig, gradient_checkpointing: bool = False) -> nn.Module:
+    """Wrap ``model`` in a ``PeftModel`` with a fresh adapter; ``model`` unchanged when LoRA is off.
+
+    The adapter's initialisation draws from a forked RNG seeded by the base's identity, so
+    building the policy leaves the caller's random stream as it was (a LoRA run samples the
+    same rollouts as a full-parameter run of the same seed at step 0).
+    """
+    if not lora_enabled(lora):
+        return model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    if lora.r < 0:
+        raise ConfigError(f"model.lora.r={lora.r} must be >= 0 (0 or null = full-parameter training)")
+    if lora.alpha is not None and lora.alpha <= 0:
+        raise ConfigError(f"model.lora.alpha={lora.alpha} must be > 0 (null = 2 x r)")
+    for name in lora.modules_to_save:
+        resolve_targets(model, [name])
+    peft_cfg = PeftLoraConfig(r=int(lora.r), lora_alpha=lora_alpha(lora), lora_dropout=float(lora.dropout),
+                              target_modules=resolve_targets(model, list(lora.target_modules)),
+                              modules_to_save=list(lora.modules_to_save) or None, bias="none",
+                              task_type="CAUSAL_LM")
+    identity = base_identity(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(identity["fingerprint"][:8], 16))
+        peft_model = get_peft_model(model, peft_cfg)
+    if gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input that requires grad
+        peft_model.enable_input_require_grads()
+    peft_model.arlopti_base_identity = identity
+    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
+    peft_model.register_state_dict_post_hook(_frozen_dropper(trainable))
+    n_train = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    n_all = sum(p.numel() for p in peft_model.parameters())
+    log.info("LoRA r=%d alpha=%g on %s: %d trainable parameters of %d (%.2f%%)", lora.r, lora_alpha(lora),
+             peft_cfg.target_modules, n_train, n_all, 100.0 * n_train / max(1, n_all))
+    return peft_model
+
+
+def is_lora(module: nn.Module) -> bool:
+    """Whether ``module`` (a PolicyLM, PeftModel or HF model) carries LoRA adapters."""
+    hf = getattr(module, "hf", module)
+    return hasattr(hf, "disable_adapter") and hasattr(hf, "peft_config")
+
+
+def _frozen_dropper(trainable: set[str]):
+    """A ``state_dict`` post-hook keeping only the adapter's tensors (names in ``trainable``)."""
+
+    def drop_frozen_weights(module, state_dict, prefix, local_metadata) -> None:
+        for key in [k for k in state_dict if k.startswith(prefix) and k[len(prefix):] not in trainable]:
+            del state_dict[key]
+
+    return drop_frozen_weights
+
+
+@contextlib.contextmanager
+def adapters_disabled(policy: nn.Module) -> Iterator[None]:
+    """Run ``policy`` as its base model: the reference log-probs of a LoRA run, with no second copy."""
+    hf = getattr(policy, "hf", policy)
+    if not is_lora(hf):
+        raise TypeError(f"{type(hf).__name__} has no LoRA adapters to disable")
+    with hf.disable_adapter():
+        yield
+
+
+def base_model_of(module: nn.Module) -> nn.Module:
+    """The HF model under the adapters (the model itself when there are none)."""
+    hf = getattr(module, "hf", module)
+    return hf.get_base_model() if is_lora(hf) else hf
+
+
+@torch.no_grad()
+def base_identity(model: nn.Module) -> dict:
+    """What identifies the frozen base a LoRA checkpoint was trained on: the architecture config
+    and a fingerprint of the input embedding's values (float64 sum, sum of squares, first row).
+
+    Computed once, before any sharding; a LoRA checkpoint holds no base weights, so resuming
+    or exporting compares this instead (:func:`check_base_identity`)."""
+    cfg = model.config.to_dict() if hasattr(model, "config") else {}
+    arch = {k: cfg.get(k) for k in ("architectures", "model_type", "hidden_size", "num_hidden_layers",
+                                    "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                                    "vocab_size", "tie_word_embeddings")}
+    emb = model.get_input_embeddings().weight.detach()
+    if hasattr(emb, "full_tensor"):
+        emb = emb.full_tensor()
+    stats = [float(emb.double().sum()), float(emb.double().square().sum())] + emb[0].double().tolist()
+    digest = hashlib.sha256(json.dumps([arch, stats], sort_keys=True).encode()).hexdigest()
+    return {"arch": arch, "fingerprint": digest}
+
+
+def check_base_identity(saved: dict | None, current: dict | None, where: str) -> None:
+    """Refuse a LoRA checkpoint whose base differs from the model loaded now."""
+    if saved is None or current is None:
+        return
+    if saved.get("fingerprint") != current.get("fingerprint"):
+        diff = sorted(k for k in saved.get("arch", {}) if saved["arch"].get(k) != current.get("arch", {}).get(k))
+        raise ConfigError(
+            f"{where}: this LoRA checkpoint was trained on another base model (base fingerprint "
+            f"{saved.get('fingerprint', '?')[:12]} vs {current.get('fingerprint', '?')[:12]} now"
+            + (f"; config differs in {diff}" if diff else "; same architecture, different weights")
+            + "). It holds only the adapter: resume it with the model.name_or_path it was trained with.")
+
+
+def note_fidelity(lora: LoraConfig, fidelity: str | None) -> str | None:
+    """LoRA under ``fidelity=official`` is allowed, but the official runs train every parameter:
+    log (and return) a note saying so."""
+    if fidelity != "official" or not lora_enabled(lora):
+        return None
+    msg = (f"fidelity=official with model.lora.r={lora.r}: the official AR-Lopti runs are full-parameter; "
+           "this run trains LoRA adapters, so its updates differ from the official ones (model.lora.r=0 to match)")
+    log.warning(msg)
+    return msg
+
+
+def hydra_choice(group: str) -> str | None:
+    """The option Hydra chose for ``group`` in this run (None outside a ``@hydra.main`` run)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return HydraConfig.get().runtime.choices.get(group) if HydraConfig.initialized() else None
+    except Exception:  # noqa: BLE001  (no Hydra runtime: a compose() in a test or a notebook)
+        return None
