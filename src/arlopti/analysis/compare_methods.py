@@ -15,6 +15,8 @@ each method:
 * ``effective_weight``: the mean c_t per bucket of p_old (the multiplier relative to GRPO; Lopti 1);
 * ``mass_share``: the gradient-mass share per bucket, Σ|A'_t|·(1 − p_t) over the bucket divided by
   the total (:func:`arlopti.algorithms.buckets.grad_mass_shares`; Lopti: both phases' tokens);
+* ``bucket_grad_norm``: ‖g_b‖, the global norm of that loss's gradient restricted to bucket b's
+  tokens (below; the official ``mask_prob_intervalK`` norm of the method's own loss);
 * ``norm_share``: the share of the first step's gradient g contributed by each bucket,
   ⟨g_b, g⟩ / ‖g‖², g_b the gradient of the same loss restricted to bucket b's tokens (the shares
   sum to 1; Lopti and AR + Lopti: of the low phase's step, so the high buckets show 0);
@@ -104,6 +106,7 @@ def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Ten
     g = add_gradients(*(bank[f"b{b}"] for b in range(NUM_BUCKETS)))
     gg = _dot(g, g)
     norm_share = [(_dot(bank[f"b{b}"], g) / gg) if gg > 0 else None for b in range(NUM_BUCKETS)]
+    bucket_norm = [_dot(bank[f"b{b}"], bank[f"b{b}"]) ** 0.5 for b in range(NUM_BUCKETS)]
     del bank
     opt = make_optimizer(policy, optimizer, lr)
     norms = []
@@ -122,6 +125,7 @@ def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Ten
         trained = trained + ph.float()
     return {"mass_share": per_bucket_dict(grad_mass_shares(p_old, adv_eff * trained, mask)),
             "norm_share": dict(zip(BUCKET_NAMES, norm_share)),
+            "bucket_grad_norm": dict(zip(BUCKET_NAMES, bucket_norm)),
             "pos_frac": per_bucket_dict(pos), "neg_frac": per_bucket_dict(neg),
             "delta_p_pos_mean": per_bucket_dict(dp["delta_p_pos_mean"]),
             "delta_p_neg_mean": per_bucket_dict(dp["delta_p_neg_mean"]),
