@@ -8,7 +8,9 @@
 
 Old, reference and training log-probs all come from here, so the temperature is applied the
 same way everywhere (the official code divides the logits by the rollout temperature in every
-forward).
+forward). With ``stats=StatsRequest(...)`` the same pass also returns statistics of each row's
+full distribution (``Σ p²``, the top-K log-probs, a min-p filter's kept mass:
+:mod:`arlopti.ops.tile_stats`), still without materialising the logits.
 
 Two implementations, equal to within fp32 rounding:
 
@@ -37,6 +39,9 @@ import math
 
 import torch
 from torch import Tensor
+
+from arlopti.ops.tile_stats import (RowStats, StatsRequest, TokenStats, add_top_k, kept_log_mass,
+                                    stats_from_logits)
 
 # Defaults from `benchmarks/bench_logprob.py --cases small --impls fused --sweep` (fp32, 2-core
 # Xeon, heavily shared): 512x8192 .. 4096x8192 tiles were within ~25% of each other, larger ones
@@ -115,13 +120,15 @@ def _bias_over_t(bias: Tensor | None, inv_t: float, dtype: torch.dtype) -> Tenso
 
 def _fused_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
                    inv_t: float, token_chunk: int, vocab_chunk: int, with_entropy: bool,
-                   gemm_dtype: torch.dtype) -> tuple[Tensor, Tensor, Tensor | None]:
-    """Tiled forward → ``(logp [N], logZ [N], entropy [N] | None)`` in the accumulation dtype.
+                   gemm_dtype: torch.dtype, stats: StatsRequest | None = None
+                   ) -> tuple[Tensor, Tensor, Tensor | None, TokenStats | None]:
+    """Tiled forward → ``(logp [N], logZ [N], entropy [N] | None, stats | None)`` in the accumulation dtype.
 
     Per tile: ``L = log_softmax(z)`` over the tile's columns, its log-normaliser
     ``lse_t = z[:, 0] − L[:, 0]`` and the entropy of the softmax restricted to the tile,
     ``h_t = −Σ e^L·L``. The tiles of a row are then folded into an online log-sum-exp
-    (:class:`_OnlineStats`), so only ``[N]``-sized state outlives a tile.
+    (:class:`_OnlineStats`), so only ``[N]``-sized state outlives a tile; so are the requested
+    statistics (:mod:`arlopti.ops.tile_stats`).
     """
     n_rows, v = hidden.shape[0], weight.shape[0]
     dev, acc = hidden.device, _acc_dtype(gemm_dtype)
@@ -130,32 +137,84 @@ def _fused_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets:
     target_z = torch.zeros(n_rows, dtype=acc, device=dev)
     b_over_t = _bias_over_t(bias, inv_t, acc)
     bufs = _tile_buffers(n_rows, v, token_chunk, vocab_chunk, acc, dev, 2)
+    parts: list[TokenStats] = []
     for r0 in range(0, n_rows, token_chunk):
         r1 = min(r0 + token_chunk, n_rows)
         h = hidden[r0:r1].to(gemm_dtype)
         tgt, tz = targets[r0:r1], target_z[r0:r1]
-        stats = _OnlineStats()
+        online, rows = _OnlineStats(), (RowStats(stats) if stats else None)
         for c0 in range(0, v, vocab_chunk):
             c1 = min(c0 + vocab_chunk, v)
-            rows, cols = r1 - r0, c1 - c0
             z = _logits_tile(h, weight[c0:c1].to(gemm_dtype), None if b_over_t is None else b_over_t[c0:c1],
-                             inv_t, _view(bufs[0], rows, cols))
+                             inv_t, _view(bufs[0], r1 - r0, c1 - c0))
             _take_target(z, tgt, c0, tz)
-            # One fused row-wise kernel instead of amax / sub / exp / sum: on a busy 2-core host every
-            # parallel region costs a scheduler slice, so the number of passes per tile matters.
-            # (``torch.log_softmax`` has no ``out=``; a fresh [rows, cols] result each tile would
-            # page-fault it in every time.)
-            log_p = torch._log_softmax(z, 1, False, out=_view(bufs[1], rows, cols))
-            lse_tile = z[:, 0] - log_p[:, 0]
-            h_tile = None
-            if ent is not None:
-                p = torch.exp(log_p, out=z)  # z is no longer needed
-                h_tile = -p.mul_(log_p).sum(dim=1)
-            stats.add(lse_tile, h_tile)
-        logz[r0:r1] = stats.logz()
+            if rows is not None:
+                rows.logits(z, c0)
+            online.add(*_tile_terms(z, _view(bufs[1], r1 - r0, c1 - c0), ent is not None, rows))
+        logz[r0:r1] = online.logz()
         if ent is not None:
-            ent[r0:r1] = stats.entropy()
-    return target_z - logz, logz, ent
+            ent[r0:r1] = online.entropy()
+        if rows is not None:
+            tiles = _row_tiles(h, weight, b_over_t, inv_t, vocab_chunk, gemm_dtype, bufs[0])
+            parts.append(_finish_rows(rows, online, logz[r0:r1], tiles))
+    out = None
+    if stats:
+        out = _cat_stats(parts) if parts else _empty_stats(stats, dev, acc)
+    return target_z - logz, logz, ent, out
+
+
+def _row_tiles(h: Tensor, weight: Tensor, b_over_t: Tensor | None, inv_t: float, vocab_chunk: int,
+               gemm_dtype: torch.dtype, buf: Tensor):
+    """The tempered-logit tiles of rows ``h`` again, one at a time in ``buf`` (the min-p sweep)."""
+    v = weight.shape[0]
+    for c0 in range(0, v, vocab_chunk):
+        c1 = min(c0 + vocab_chunk, v)
+        yield _logits_tile(h, weight[c0:c1].to(gemm_dtype), None if b_over_t is None else b_over_t[c0:c1], inv_t,
+                           _view(buf, h.shape[0], c1 - c0))
+
+
+def _cat_stats(parts: list[TokenStats]) -> TokenStats:
+    return TokenStats(*(None if col[0] is None else torch.cat(col) for col in zip(*parts)))
+
+
+def _tile_terms(z: Tensor, buf: Tensor, want_entropy: bool, rows: RowStats | None):
+    """One tile's ``(lse_t, h_t | None, q_t | None)`` for :meth:`_OnlineStats.add`; ``z`` is consumed."""
+    # One fused row-wise kernel instead of amax / sub / exp / sum: on a busy 2-core host every
+    # parallel region costs a scheduler slice, so the number of passes per tile matters.
+    # (``torch.log_softmax`` has no ``out=``; a fresh [rows, cols] result each tile would
+    # page-fault it in every time.)
+    log_p = torch._log_softmax(z, 1, False, out=buf)
+    lse_tile = z[:, 0] - log_p[:, 0]
+    h_tile = q_tile = None
+    if want_entropy or (rows is not None and rows.wants_probs):
+        p = torch.exp(log_p, out=z)  # z is no longer needed
+        if rows is not None and rows.wants_probs:
+            q_tile = rows.probs(p)
+        if want_entropy:
+            h_tile = -p.mul_(log_p).sum(dim=1)
+    return lse_tile, h_tile, q_tile
+
+
+def _finish_rows(rows: RowStats, online: "_OnlineStats", logz: Tensor, tiles) -> TokenStats:
+    """A chunk of rows' statistics once all its tiles are folded (the min-p mass sweeps ``tiles`` again)."""
+    req, out = rows.request, {}
+    if req.sum_p2:
+        out["sum_p2"] = online.sum_p2()
+    if req.top_k:
+        out["top_log_probs"], out["top_ids"] = rows.top_v - logz.unsqueeze(1), rows.top_i
+    if req.min_p_log is not None:
+        zmax = rows.row_max()
+        out["log_p_max"] = zmax - logz
+        out["kept_log_mass"] = kept_log_mass(tiles, zmax, req.min_p_log, logz)
+    return TokenStats(**out)
+
+
+def _empty_stats(req: StatsRequest, dev: torch.device, dtype: torch.dtype) -> TokenStats:
+    """The statistics of zero rows (shapes ``[0]`` / ``[0, K]``)."""
+    z, minp = torch.zeros(0, dtype=dtype, device=dev), req.min_p_log is not None
+    top = torch.zeros(0, req.top_k, dtype=dtype, device=dev) if req.top_k else None
+    ids = torch.zeros(0, req.top_k, dtype=torch.long, device=dev) if req.top_k else None
+    return TokenStats(z if req.sum_p2 else None, top, ids, z if minp else None, z if minp else None)
 
 
 class _OnlineStats:
@@ -169,25 +228,34 @@ class _OnlineStats:
     ``H = Σ π_t h_t + Σ π_t (logZ − lse_t) = (b + c)/s + log s`` — a sum of non-negative terms.
     (Forming ``logZ − Σ p·z`` instead loses ~1e-5 of the entropy to cancellation, and carrying
     ``logZ`` itself as the running value adds an absolute rounding of ``|logZ|·eps`` per tile.)
+    With ``q_t = Σ_{v∈t} p̃_v²`` (tile-local probabilities) also ``d = Σ w_t²·q_t``, rescaled by the
+    square, and ``Σ_v p_v² = Σ_t (w_t/s)²·q_t = d / s²``.
     """
 
     def __init__(self) -> None:
         self.m: Tensor | None = None
 
-    def add(self, lse_t: Tensor, h_t: Tensor | None) -> None:
-        """Fold one tile's ``lse_t [n]`` (and ``h_t [n]`` when the entropy is wanted) into the state."""
+    def add(self, lse_t: Tensor, h_t: Tensor | None, q_t: Tensor | None = None) -> None:
+        """Fold one tile's ``lse_t [n]`` (and ``h_t [n]`` when the entropy is wanted, ``q_t [n]``
+        when ``Σ p²`` is) into the state."""
         if self.m is None:
             self.m, self.s = lse_t, torch.ones_like(lse_t)
             self.b = h_t
             self.c = None if h_t is None else torch.zeros_like(lse_t)
+            self.d = q_t
             return
         m_new = torch.maximum(self.m, lse_t)
         rescale, w = torch.exp(self.m - m_new), torch.exp(lse_t - m_new)
         if h_t is not None:
             self.c = rescale * (self.c + (m_new - self.m) * self.s) + w * (m_new - lse_t)
             self.b = rescale * self.b + w * h_t
+        if q_t is not None:
+            self.d = rescale.square() * self.d + w.square() * q_t
         self.s = rescale * self.s + w
         self.m = m_new
+
+    def sum_p2(self) -> Tensor:
+        return self.d / self.s.square()
 
     def logz(self) -> Tensor:
         return self.m + self.s.log()
@@ -207,7 +275,8 @@ def _take_target(z: Tensor, tgt: Tensor, c0: int, out: Tensor) -> None:
 def _fused_backward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
                     logz: Tensor, entropy: Tensor | None, grad_logp: Tensor | None,
                     grad_ent: Tensor | None, inv_t: float, token_chunk: int, vocab_chunk: int,
-                    gemm_dtype: torch.dtype, needs: tuple[bool, bool, bool]
+                    gemm_dtype: torch.dtype, needs: tuple[bool, bool, bool],
+                    top: tuple[Tensor, Tensor] | None = None
                     ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     """Recompute the tiles; return ``(grad_hidden, grad_weight, grad_bias)`` in the accumulation dtype.
 
@@ -215,7 +284,8 @@ def _fused_backward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets
     ``g`` the incoming grad of ``logp`` and ``k`` that of the entropy, the gradient w.r.t. the
     tempered logits is ``G = g·(onehot − p) − k·p·(L + H) = (−k·L − g − k·H)·p + g·onehot``
     (``dH/dz_v = −p_v (z_v − Σ_u p_u z_u) = −p_v (L_v + H)``); the chain through ``z = y/T``
-    puts ``inv_t`` on every GEMM.
+    puts ``inv_t`` on every GEMM. ``top = (grad, ids)`` of the top-K log-probs adds
+    ``Σ_k g_k·(onehot_k − p)``: ``Σ_k g_k`` joins ``g`` in the row shift and each ``g_k`` its one-hot.
     """
     need_h, need_w, need_b = needs
     n_rows, v = hidden.shape[0], weight.shape[0]
@@ -223,7 +293,7 @@ def _fused_backward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets
     grad_h = torch.zeros(hidden.shape, dtype=acc, device=dev) if need_h else None
     grad_w = torch.zeros(weight.shape, dtype=acc, device=dev) if need_w else None
     grad_b = torch.zeros(v, dtype=acc, device=dev) if need_b else None
-    if (grad_logp is None and grad_ent is None) or not any(needs):
+    if (grad_logp is None and grad_ent is None and top is None) or not any(needs):
         return grad_h, grad_w, grad_b
     b_over_t = _bias_over_t(bias, inv_t, acc)
     bufs = _tile_buffers(n_rows, v, token_chunk, vocab_chunk, acc, dev, 1 if grad_ent is None else 2)
@@ -233,7 +303,9 @@ def _fused_backward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets
         h_acc = hidden[r0:r1].to(acc)  # gradient GEMMs never round their products to bf16
         g = None if grad_logp is None else grad_logp[r0:r1].to(acc)
         k = None if grad_ent is None else grad_ent[r0:r1].to(acc)
-        row_scale, row_shift = _row_coefficients(g, k, None if entropy is None else entropy[r0:r1])
+        g_top = None if top is None else top[0][r0:r1].to(acc)
+        row_scale, row_shift = _row_coefficients(g, k, None if entropy is None else entropy[r0:r1],
+                                                 None if g_top is None else g_top.sum(1))
         tgt, lz = targets[r0:r1], logz[r0:r1]
         for c0 in range(0, v, vocab_chunk):
             c1 = min(c0 + vocab_chunk, v)
@@ -250,6 +322,8 @@ def _fused_backward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets
                                        out=logp_tile).mul_(p)
             if g is not None:
                 _add_target(grad_z, tgt, c0, g)
+            if g_top is not None:
+                add_top_k(grad_z, top[1][r0:r1], c0, g_top)
             if grad_h is not None:
                 grad_h[r0:r1].addmm_(grad_z, w.to(acc), alpha=inv_t)
             if grad_w is not None:
@@ -259,13 +333,15 @@ def _fused_backward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets
     return grad_h, grad_w, grad_b
 
 
-def _row_coefficients(g: Tensor | None, k: Tensor | None, entropy: Tensor | None
-                      ) -> tuple[Tensor | None, Tensor]:
-    """Per-row ``(scale, shift)`` with ``G = (scale·L + shift)·p`` before the one-hot term.
+def _row_coefficients(g: Tensor | None, k: Tensor | None, entropy: Tensor | None,
+                      g_top_sum: Tensor | None = None) -> tuple[Tensor | None, Tensor]:
+    """Per-row ``(scale, shift)`` with ``G = (scale·L + shift)·p`` before the one-hot terms.
 
     ``scale = −k`` and ``shift = −(g + k·H)``; without an entropy gradient ``scale`` is ``None``
-    and ``G = shift·p`` with ``shift = −g``.
+    and ``G = shift·p`` with ``shift = −g``. ``g_top_sum`` (the top-K grads' row sum) adds to ``g``.
     """
+    if g_top_sum is not None:
+        g = g_top_sum if g is None else g + g_top_sum
     if k is None:
         return None, -g
     shift = -k * entropy if g is None else -(g + k * entropy)
@@ -282,51 +358,64 @@ def _add_target(grad_z: Tensor, tgt: Tensor, c0: int, g: Tensor) -> None:
 
 class FusedTokenLogprobs(torch.autograd.Function):
     """``apply(hidden [N,H], weight [V,H], bias [V]|None, targets [N], temperature, token_chunk,
-    vocab_chunk, with_entropy) → (logp [N], entropy [N] | None)`` without ``[N, V]`` logits.
+    vocab_chunk, with_entropy[, stats]) → (logp [N], entropy [N] | None)`` without ``[N, V]`` logits;
+    with a :class:`~arlopti.ops.tile_stats.StatsRequest` ``stats``, the five
+    :class:`~arlopti.ops.tile_stats.TokenStats` fields follow (None where not requested; only the
+    top-K log-probs carry a gradient).
 
     Outputs are fp32 (fp64 for fp64 inputs). Targets must lie in ``[0, V)`` (unchecked here).
 
-    Saved for backward: the inputs (no copies), ``logZ [N]`` and ``entropy [N]``. Peak extra
-    memory: two fp32 ``[token_chunk, vocab_chunk]`` tiles, plus the fp32 gradient accumulators
+    Saved for backward: the inputs (no copies), ``logZ [N]``, ``entropy [N]`` and the top-K ids. Peak
+    extra memory: two fp32 ``[token_chunk, vocab_chunk]`` tiles, plus the fp32 gradient accumulators
     in the backward (``[N,H]`` and ``[V,H]``; for fp32 inputs these are the returned grads).
-    Entropy that no loss uses costs no backward work (``set_materialize_grads(False)``).
+    Entropy (or top-K log-probs) that no loss uses costs no backward work (``set_materialize_grads(False)``).
     """
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor,
-                temperature: float, token_chunk: int, vocab_chunk: int, with_entropy: bool):
+                temperature: float, token_chunk: int, vocab_chunk: int, with_entropy: bool,
+                stats: StatsRequest | None = None):
         ctx.set_materialize_grads(False)
         gemm_dtype = _gemm_dtype(hidden, weight)
         inv_t = 1.0 / temperature
         with torch.autocast(hidden.device.type, enabled=False):
-            logp, logz, entropy = _fused_forward(hidden, weight, bias, targets, inv_t, token_chunk,
-                                                 vocab_chunk, with_entropy, gemm_dtype)
-        ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy)
+            logp, logz, entropy, extra = _fused_forward(hidden, weight, bias, targets, inv_t, token_chunk,
+                                                        vocab_chunk, with_entropy, gemm_dtype, stats)
+        top_ids = None if extra is None else extra.top_ids
+        ctx.save_for_backward(hidden, weight, bias, targets, logz, entropy, top_ids)
         ctx.cfg = (inv_t, token_chunk, vocab_chunk, gemm_dtype)
-        return logp, entropy
+        if extra is None:
+            return logp, entropy
+        ctx.mark_non_differentiable(*(t for name, t in zip(TokenStats._fields, extra)
+                                      if t is not None and name != "top_log_probs"))
+        return (logp, entropy, *extra)
 
     @staticmethod
-    def backward(ctx, grad_logp: Tensor | None, grad_ent: Tensor | None):
-        hidden, weight, bias, targets, logz, entropy = ctx.saved_tensors
+    def backward(ctx, grad_logp: Tensor | None, grad_ent: Tensor | None, *grad_stats):
+        hidden, weight, bias, targets, logz, entropy, top_ids = ctx.saved_tensors
         inv_t, token_chunk, vocab_chunk, gemm_dtype = ctx.cfg
         needs = tuple(ctx.needs_input_grad[:3])
+        grad_top = grad_stats[TokenStats._fields.index("top_log_probs")] if grad_stats else None
         with torch.autocast(hidden.device.type, enabled=False):
             gh, gw, gb = _fused_backward(hidden, weight, bias, targets, logz, entropy, grad_logp, grad_ent,
-                                         inv_t, token_chunk, vocab_chunk, gemm_dtype, needs)
+                                         inv_t, token_chunk, vocab_chunk, gemm_dtype, needs,
+                                         None if grad_top is None else (grad_top, top_ids))
         return (None if gh is None else gh.to(hidden.dtype),
                 None if gw is None else gw.to(weight.dtype),
                 None if gb is None else gb.to(bias.dtype),
-                None, None, None, None, None)
+                None, None, None, None, None, None)
 
 
 def fused_token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float = 1.0,
                          bias: Tensor | None = None, with_entropy: bool = True,
-                         token_chunk: int = DEFAULT_TOKEN_CHUNK,
-                         vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[Tensor, Tensor | None]:
+                         token_chunk: int = DEFAULT_TOKEN_CHUNK, vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
+                         stats: StatsRequest | None = None):
     """:class:`FusedTokenLogprobs` on 2-D ``hidden [N, H]`` / 1-D ``targets [N]`` (no checks; see
-    :func:`token_logprobs` for the checked entry point)."""
-    return FusedTokenLogprobs.apply(hidden, weight, bias, targets, float(temperature), int(token_chunk),
-                                    int(vocab_chunk), bool(with_entropy))
+    :func:`token_logprobs` for the checked entry point): ``(logp, entropy)``, and with ``stats`` a
+    third element, the :class:`~arlopti.ops.tile_stats.TokenStats`."""
+    out = FusedTokenLogprobs.apply(hidden, weight, bias, targets, float(temperature), int(token_chunk),
+                                   int(vocab_chunk), bool(with_entropy), stats or None)
+    return out if len(out) == 2 else (out[0], out[1], TokenStats(*out[2:]))
 
 
 # ------------------------------------------------------------------------------ entry point
@@ -371,7 +460,7 @@ def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature:
                    bias: Tensor | None = None, impl: str = "naive",
                    with_entropy: bool = True, *, valid: Tensor | None = None,
                    token_chunk: int = DEFAULT_TOKEN_CHUNK,
-                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK) -> tuple[Tensor, Tensor | None]:
+                   vocab_chunk: int = DEFAULT_VOCAB_CHUNK, stats: StatsRequest | None = None):
     """Per-token log-probs (and entropy) of ``targets`` under the LM head ``weight``.
 
     Shapes: ``hidden [..., H]``, ``weight [V, H]``, ``targets [...]``, ``bias [V]`` → ``[...]``
@@ -385,10 +474,16 @@ def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature:
     needs their count, and the target range check (always done) needs their min/max: one
     device sync each per call.
     ``token_chunk`` / ``vocab_chunk``: tile size of the fused path (ignored by naive).
+
+    Returns ``(logp, entropy | None)``; with ``stats`` (a :class:`~arlopti.ops.tile_stats.StatsRequest`)
+    ``(logp, entropy | None, TokenStats)``, each statistic shaped ``[...]`` (top-K: ``[..., K]``) and
+    0 on rows that are not ``valid``.
     """
     if impl not in IMPLS:
         raise ValueError(f"model.logprob_impl={impl!r} is unknown; use 'fused' or 'naive'")
     _check_inputs(hidden, weight, targets, temperature, bias, valid, token_chunk, vocab_chunk)
+    if stats is not None and stats.top_k > weight.shape[0]:
+        raise ValueError(f"token_logprobs: stats.top_k={stats.top_k} exceeds the vocabulary ({weight.shape[0]})")
     lead = targets.shape
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
@@ -397,16 +492,27 @@ def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature:
         keep = valid.reshape(-1).nonzero().squeeze(1)
         flat_h, flat_t = flat_h.index_select(0, keep), flat_t.index_select(0, keep)
     _check_target_range(flat_t, weight.shape[0])
+    extra = None
     if impl == "naive":
         logits = flat_h @ weight.t()
         if bias is not None:
             logits = logits + bias
         logp, entropy = logprobs_from_logits(logits, flat_t, temperature, with_entropy)
+        if stats is not None:
+            extra = stats_from_logits(logits.float() / temperature, stats)
     else:
-        logp, entropy = fused_token_logprobs(flat_h, weight, flat_t, temperature, bias, with_entropy,
-                                             token_chunk, vocab_chunk)
+        logp, entropy, *rest = fused_token_logprobs(flat_h, weight, flat_t, temperature, bias, with_entropy,
+                                                    token_chunk, vocab_chunk, stats)
+        extra = rest[0] if rest else (None if stats is None else TokenStats())
     if keep is not None:
-        n = valid.numel()
-        logp = logp.new_zeros(n).index_copy(0, keep, logp)
-        entropy = None if entropy is None else entropy.new_zeros(n).index_copy(0, keep, entropy)
-    return logp.view(lead), (None if entropy is None else entropy.view(lead))
+        logp, entropy = _scatter_rows(logp, keep, valid.numel()), _scatter_rows(entropy, keep, valid.numel())
+        extra = None if extra is None else extra.map(lambda t: _scatter_rows(t, keep, valid.numel()))
+    out = logp.view(lead), (None if entropy is None else entropy.view(lead))
+    if stats is None:
+        return out
+    return (*out, extra.map(lambda t: t.view(*lead, *t.shape[1:])))
+
+
+def _scatter_rows(t: Tensor | None, keep: Tensor, n: int) -> Tensor | None:
+    """Rows ``keep`` of an ``[n, ...]`` result of zeros filled from ``t`` (the valid rows')."""
+    return None if t is None else t.new_zeros(n, *t.shape[1:]).index_copy(0, keep, t)
