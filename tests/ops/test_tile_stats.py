@@ -61,13 +61,15 @@ def test_statistics_of_a_hand_computed_distribution(impl, vc):
     assert st.sum_p2.item() == pytest.approx(0.25 + 0.09 + 0.0225 + 0.0025)  # 0.365
     assert st.top_ids.tolist() == [[0, 1, 2]]
     torch.testing.assert_close(st.top_log_probs.double(), torch.log(p[:3]).unsqueeze(0))  # naive: fp32
-    assert st.log_p_max.item() == pytest.approx(math.log(0.5))
     # min-p 0.1: keep p >= 0.1 * 0.5 = 0.05 -> all four (0.05 is on the threshold: kept)
     assert st.kept_log_mass.item() == pytest.approx(0.0, abs=1e-12)
-    _, _, st2 = token_logprobs(hidden, weight, torch.tensor([2]), impl=impl, vocab_chunk=vc,
-                               stats=StatsRequest(min_p_log=math.log(0.5)))
-    assert st2.kept_log_mass.item() == pytest.approx(math.log(0.8))  # keeps 0.5 and 0.3 (>= 0.25)
-    assert st2.sum_p2 is None and st2.top_log_probs is None
+    assert st.min_p_log_prob.item() == pytest.approx(math.log(0.15))
+    for target, expected in ((1, math.log(0.3 / 0.8)), (2, -math.inf)):  # min-p 0.5 keeps 0.5 and 0.3 (>= 0.25)
+        _, _, st2 = token_logprobs(hidden, weight, torch.tensor([target]), impl=impl, vocab_chunk=vc,
+                                   stats=StatsRequest(min_p_log=math.log(0.5)))
+        assert st2.kept_log_mass.item() == pytest.approx(math.log(0.8))
+        assert st2.min_p_log_prob.item() == pytest.approx(expected)
+        assert st2.sum_p2 is None and st2.top_log_probs is None
 
 
 def test_temperature_acts_on_every_statistic():
@@ -86,11 +88,12 @@ def _fp64_reference(leaves, targets, temperature, k, delta, g_top):
     logp_all = torch.log_softmax(z, -1)
     ids = torch.topk(z.detach(), k, -1).indices
     top = logp_all.gather(1, ids)
-    zmax = z.detach().amax(-1, keepdim=True)
-    kept = torch.log((logp_all.exp() * (z.detach() >= zmax + delta)).sum(-1))
+    keep = z.detach() >= z.detach().amax(-1, keepdim=True) + delta
+    kept = torch.log((logp_all.exp() * keep).sum(-1))
+    lp_t = logp_all.gather(1, targets.unsqueeze(1)).squeeze(1)
+    proxy = torch.where(keep.gather(1, targets.unsqueeze(1)).squeeze(1), lp_t - kept, torch.tensor(-math.inf))
     (top * g_top.double()).sum().backward()
-    stats = TokenStats((logp_all.exp() ** 2).sum(-1).detach(), top.detach(), ids, (zmax.squeeze(1) - torch.logsumexp(
-        z, -1)).detach(), kept.detach())
+    stats = TokenStats((logp_all.exp() ** 2).sum(-1).detach(), top.detach(), ids, kept.detach(), proxy.detach())
     return stats, [None if x is None else x.grad for x in (hidden, weight, bias)]
 
 
@@ -102,8 +105,11 @@ def test_statistics_and_top_k_gradient_match_fp64(impl, tc, vc):
     x = [None if t is None else t.detach().clone().requires_grad_() for t in leaves]
     _, _, st = token_logprobs(x[0], x[1], targets, 0.7, x[2], impl=impl, token_chunk=tc, vocab_chunk=vc, stats=ALL)
     assert torch.equal(st.top_ids, ref.top_ids)
-    for name in ("sum_p2", "top_log_probs", "log_p_max", "kept_log_mass"):
+    for name in ("sum_p2", "top_log_probs", "kept_log_mass"):
         assert_close(getattr(st, name), getattr(ref, name), **FP32, what=name)
+    finite = torch.isfinite(ref.min_p_log_prob)
+    assert 0 < int(finite.sum()) < 37 and torch.equal(torch.isfinite(st.min_p_log_prob), finite)
+    assert_close(st.min_p_log_prob[finite], ref.min_p_log_prob[finite], **FP32, what="min_p_log_prob")
     (st.top_log_probs * g_top).sum().backward()
     for name, a, b in zip(("hidden", "weight", "bias"), (t.grad for t in x), ref_grads):
         assert_close(a, b, **FP32, what=f"grad_{name} through the top-K log-probs")
@@ -159,6 +165,7 @@ def test_extremes_of_p_near_zero_and_one():
     p0 = 1 / (1 + 3 * math.exp(-20))
     assert st.sum_p2[0].item() == pytest.approx(p0 ** 2 + 3 * (p0 * math.exp(-20)) ** 2, rel=1e-12)
     assert st.kept_log_mass[0].item() == pytest.approx(math.log(p0), rel=1e-9)  # the three 2e-9 tokens dropped
+    assert st.min_p_log_prob[0].item() == -math.inf  # target 1 (p = 2e-9) is noise to the filter
     assert st.sum_p2[1].item() == pytest.approx(0.25) and st.kept_log_mass[1].item() == 0.0
     assert 1 - 2 * p0 + st.sum_p2[0].item() == pytest.approx(0.0, abs=1e-8)  # OTB's weight vanishes at p -> 1
 

@@ -40,7 +40,7 @@ import math
 import torch
 from torch import Tensor
 
-from arlopti.ops.tile_stats import (RowStats, StatsRequest, TokenStats, add_top_k, kept_log_mass,
+from arlopti.ops.tile_stats import (RowStats, StatsRequest, TokenStats, add_top_k, kept_log_mass, min_p_target,
                                     stats_from_logits)
 
 # Defaults from `benchmarks/bench_logprob.py --cases small --impls fused --sweep` (fp32, 2-core
@@ -156,7 +156,7 @@ def _fused_forward(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets:
             ent[r0:r1] = online.entropy()
         if rows is not None:
             tiles = _row_tiles(h, weight, b_over_t, inv_t, vocab_chunk, gemm_dtype, bufs[0])
-            parts.append(_finish_rows(rows, online, logz[r0:r1], tiles))
+            parts.append(_finish_rows(rows, online, logz[r0:r1], tz, tiles))
     out = None
     if stats:
         out = _cat_stats(parts) if parts else _empty_stats(stats, dev, acc)
@@ -195,7 +195,7 @@ def _tile_terms(z: Tensor, buf: Tensor, want_entropy: bool, rows: RowStats | Non
     return lse_tile, h_tile, q_tile
 
 
-def _finish_rows(rows: RowStats, online: "_OnlineStats", logz: Tensor, tiles) -> TokenStats:
+def _finish_rows(rows: RowStats, online: "_OnlineStats", logz: Tensor, target_z: Tensor, tiles) -> TokenStats:
     """A chunk of rows' statistics once all its tiles are folded (the min-p mass sweeps ``tiles`` again)."""
     req, out = rows.request, {}
     if req.sum_p2:
@@ -203,9 +203,9 @@ def _finish_rows(rows: RowStats, online: "_OnlineStats", logz: Tensor, tiles) ->
     if req.top_k:
         out["top_log_probs"], out["top_ids"] = rows.top_v - logz.unsqueeze(1), rows.top_i
     if req.min_p_log is not None:
-        zmax = rows.row_max()
-        out["log_p_max"] = zmax - logz
-        out["kept_log_mass"] = kept_log_mass(tiles, zmax, req.min_p_log, logz)
+        thr = rows.row_max() + req.min_p_log
+        out["kept_log_mass"] = mass = kept_log_mass(tiles, thr, logz)
+        out["min_p_log_prob"] = min_p_target(target_z, thr, logz, mass)
     return TokenStats(**out)
 
 
@@ -499,7 +499,7 @@ def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature:
             logits = logits + bias
         logp, entropy = logprobs_from_logits(logits, flat_t, temperature, with_entropy)
         if stats is not None:
-            extra = stats_from_logits(logits.float() / temperature, stats)
+            extra = stats_from_logits(logits.float() / temperature, stats, flat_t)
     else:
         logp, entropy, *rest = fused_token_logprobs(flat_h, weight, flat_t, temperature, bias, with_entropy,
                                                     token_chunk, vocab_chunk, stats)

@@ -9,9 +9,11 @@ For a row with tempered logits ``z = (h·Wᵀ + b) / T``, ``p = softmax(z)`` and
 * ``top_log_probs``   the ``K`` largest ``log p_v`` of the row, largest first, and ``top_ids`` their token ids
                       (``torch.topk`` order; the order of exactly tied logits is unspecified). Differentiable:
                       ``∂ log p_j / ∂z = e_j − p``, which the fused backward folds into the same tiles.
-* ``log_p_max``,      ``max_v log p_v`` and ``log Σ_{v: z_v ≥ max z + δ} p_v``, the log-mass a min-p filter
-  ``kept_log_mass``   with log-threshold ``δ = min_p_log ≤ 0`` keeps (Lp-Reg's proxy) — no gradient. Needs the
-                      row's maximum first, so the fused pass sweeps the row's tiles a second time for it.
+* ``kept_log_mass``   ``log M = log Σ_{v: z_v ≥ max z + δ} p_v``, the mass a min-p filter with log-threshold
+                      ``δ = min_p_log ≤ 0`` keeps, and ``min_p_log_prob``, the target's log-probability under
+                      the filtered, renormalised distribution: ``log p_target − log M`` where the target is
+                      kept, ``−inf`` where it is filtered out (Lp-Reg's proxy) — no gradient. The filter needs
+                      the row's maximum first, so the fused pass sweeps the row's tiles a second time.
 
 Per tile of columns the fused forward has ``z`` and the tile-local ``L = log_softmax(z)``; the tiles of a row
 are merged exactly: the top-K by a running top-K of the tiles' top-Ks, ``Σ p²`` by the online log-sum-exp's
@@ -64,17 +66,17 @@ class TokenStats(NamedTuple):
     sum_p2: Tensor | None = None
     top_log_probs: Tensor | None = None
     top_ids: Tensor | None = None
-    log_p_max: Tensor | None = None
     kept_log_mass: Tensor | None = None
+    min_p_log_prob: Tensor | None = None
 
     def map(self, fn) -> "TokenStats":
         """``fn`` applied to every tensor that is there."""
         return TokenStats(*(None if t is None else fn(t) for t in self))
 
 
-def stats_from_logits(z: Tensor, request: StatsRequest, logz: Tensor | None = None) -> TokenStats:
-    """The reference: every statistic from full tempered logits ``z [N, V]`` (fp32, autograd through
-    ``top_log_probs``)."""
+def stats_from_logits(z: Tensor, request: StatsRequest, targets: Tensor, logz: Tensor | None = None) -> TokenStats:
+    """The reference: every statistic from full tempered logits ``z [N, V]`` and the targets ``[N]``
+    (fp32, autograd through ``top_log_probs``)."""
     logz = torch.logsumexp(z, dim=-1) if logz is None else logz
     out = {}
     if request.sum_p2:
@@ -84,12 +86,17 @@ def stats_from_logits(z: Tensor, request: StatsRequest, logz: Tensor | None = No
         out["top_log_probs"] = z.gather(-1, ids) - logz.unsqueeze(-1)
         out["top_ids"] = ids
     if request.min_p_log is not None:
-        zd = z.detach()
-        zmax = zd.amax(dim=-1)
-        kept = zd.masked_fill(zd < (zmax + request.min_p_log).unsqueeze(-1), -math.inf)
-        out["log_p_max"] = zmax - logz.detach()
-        out["kept_log_mass"] = (torch.logsumexp(kept, dim=-1) - logz.detach()).clamp(max=0.0)
+        zd, lz = z.detach(), logz.detach()
+        thr = zd.amax(dim=-1) + request.min_p_log
+        mass = (torch.logsumexp(zd.masked_fill(zd < thr.unsqueeze(-1), -math.inf), dim=-1) - lz).clamp(max=0.0)
+        out["kept_log_mass"] = mass
+        out["min_p_log_prob"] = min_p_target(zd.gather(-1, targets.unsqueeze(-1)).squeeze(-1), thr, lz, mass)
     return TokenStats(**out)
+
+
+def min_p_target(target_z: Tensor, thr: Tensor, logz: Tensor, kept_log_mass: Tensor) -> Tensor:
+    """``log p_target − log M`` where ``target_z ≥ thr`` (the target survives the filter), else ``−inf``."""
+    return torch.where(target_z >= thr, target_z - logz - kept_log_mass, torch.full_like(logz, -math.inf))
 
 
 class RowStats:
@@ -129,13 +136,12 @@ class RowStats:
         return self.top_v[:, 0] if self.top_v is not None else self.zmax
 
 
-def kept_log_mass(tiles, zmax: Tensor, min_p_log: float, logz: Tensor) -> Tensor:
-    """``log Σ_{z_v ≥ zmax + δ} p_v`` of a chunk of rows from a second sweep over its tiles
-    (``tiles`` yields each tempered-logit tile, which may be overwritten)."""
-    thr = (zmax + min_p_log).unsqueeze(1)
-    acc = torch.full_like(zmax, -math.inf)
+def kept_log_mass(tiles, thr: Tensor, logz: Tensor) -> Tensor:
+    """``log Σ_{z_v ≥ thr} p_v`` of a chunk of rows from a second sweep over its tiles (``tiles``
+    yields each tempered-logit tile, which may be overwritten)."""
+    acc = torch.full_like(thr, -math.inf)
     for z in tiles:
-        acc = torch.logaddexp(acc, torch.logsumexp(z.masked_fill_(z < thr, -math.inf), dim=1))
+        acc = torch.logaddexp(acc, torch.logsumexp(z.masked_fill_(z < thr.unsqueeze(1), -math.inf), dim=1))
     return (acc - logz).clamp(max=0.0)
 
 
