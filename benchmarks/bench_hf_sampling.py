@@ -82,11 +82,12 @@ NOISE_SHAPES = ((8, 491), (64, 49152), (64, 151936))
 def noise_only(rounds: int) -> dict:
     """Median seconds per decoding step's noise, before vs after, for each ``NOISE_SHAPES`` entry."""
     import arlopti.rollout.hf as hf
+    from arlopti.rollout.seeds import sample_seed
     from arlopti.rollout.engine import SamplingConfig
 
     out = {}
     for b, v in NOISE_SHAPES:
-        seeds = [hf.sample_seed(0, i, 0) for i in range(b)]
+        seeds = [sample_seed(0, i, 0) for i in range(b)]
         gens = [torch.Generator().manual_seed(s) for s in seeds]
         sampler = hf._GumbelSampler(seeds, SamplingConfig(temperature=1.0), "cpu")
 
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
         print(f"wrote {write_json('bench_hf_sampling_noise.json', {'noise': res})}")
         return 0
     import arlopti.rollout.hf as hf
+    from arlopti.rollout.seeds import sample_seed
     from arlopti.rollout.engine import SamplingConfig
 
     after_cls = hf._GumbelSampler

@@ -17,7 +17,9 @@ import pytest
 import torch
 
 from arlopti.callbacks.checkpointing import RolloutCheckpoint
-from arlopti.callbacks.rollout import RolloutCallback, round_seed
+from arlopti.callbacks.rollout import RolloutCallback
+from arlopti.rollout.seeds import step_seed
+from arlopti.rollout.source import HFRollouts, SamplingPlan
 from arlopti.config import AlgorithmConfig, DapoConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from helpers.flat_toy import FlatToyDataModule, SpyEngine, prompt_index
 
@@ -39,7 +41,7 @@ def rollout_once(tok, cfg: RunConfig, flat, n: int = 16, step: int = 0):
     batch = next(iter(dm.train_dataloader()))
     spy = SpyEngine(tok)
     cb = RolloutCallback(group_size=G)
-    cb.engine = spy
+    cb.source = HFRollouts(spy, G, SamplingPlan.of(cfg.rollout))
     module = SimpleNamespace(cfg=cfg, rollout_step=step, weight_version=0, policy=None, tokenizer=tok)
     trainer = SimpleNamespace(global_rank=0, world_size=1, datamodule=dm)
     cb.on_train_batch_start(trainer, module, batch, 0)
@@ -131,8 +133,8 @@ def test_extra_prompts_are_a_pure_function_of_the_data_position(tiny_tokenizer):
 
 
 def test_round_seeds():
-    assert round_seed(7, 3, 1) == round_seed(7, 3, 1, 0)  # round 0: the step seed, as before
-    seeds = {round_seed(7, 3, 1, k) for k in range(4)}
+    assert step_seed(7, 3, 1) == step_seed(7, 3, 1, 0)  # round 0: the step seed, as before
+    seeds = {step_seed(7, 3, 1, k) for k in range(4)}
     assert len(seeds) == 4 and all(0 <= s < 2 ** 31 for s in seeds)
 
 

@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from arlopti.rollout import hf
+from arlopti.rollout.seeds import sample_seed
 from arlopti.rollout.engine import SamplingConfig
 
 M64 = (1 << 64) - 1
@@ -64,7 +65,7 @@ def _chi2_sf(stat: float, df: int) -> float:
 # ------------------------------------------------------------------------------------- the hash
 
 def test_hash_matches_a_python_restatement_bit_for_bit():
-    seeds = [hf.sample_seed(5, i, j) for i in range(3) for j in range(2)] + [0, (1 << 63) - 1]
+    seeds = [sample_seed(5, i, j) for i in range(3) for j in range(2)] + [0, (1 << 63) - 1]
     st = torch.tensor(seeds, dtype=torch.int64)
     offsets = hf.vocab_offsets(11, "cpu")
     for step in (0, 1, 37):
@@ -130,7 +131,7 @@ def test_a_response_depends_only_on_its_own_seed(engine, tiny_tokenizer):
 
 
 def test_the_sampler_row_depends_only_on_its_seed_and_step():
-    seeds = [hf.sample_seed(9, i, 0) for i in range(5)]
+    seeds = [sample_seed(9, i, 0) for i in range(5)]
     scores = torch.randn(5, 300, generator=torch.Generator().manual_seed(0))
     s = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9)
     batch = hf._GumbelSampler(seeds, s, "cpu")
@@ -146,7 +147,7 @@ def test_the_sampler_row_depends_only_on_its_seed_and_step():
 def _sampled_counts() -> torch.Tensor:
     """``DRAWS`` tokens from the categorical ``P`` through the sampler: 2,000 rows × 20 steps."""
     rows, steps = 2000, DRAWS // 2000
-    sampler = hf._GumbelSampler([hf.sample_seed(2026, i, 0) for i in range(rows)],
+    sampler = hf._GumbelSampler([sample_seed(2026, i, 0) for i in range(rows)],
                                 SamplingConfig(temperature=1.0), "cpu")
     scores = P.log().float().expand(rows, -1).contiguous()
     counts = torch.zeros(len(P), dtype=torch.float64)

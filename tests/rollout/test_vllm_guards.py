@@ -13,6 +13,7 @@ import torch
 
 from arlopti.config import ConfigError, RolloutConfig, RunConfig, check_rollout_offload
 from arlopti.rollout.engine import RolloutEngine, SamplingConfig
+from arlopti.rollout.source import SamplingPlan, VLLMRollouts
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,7 @@ def test_the_rollout_frees_the_gradients_before_it_wakes_the_engine(tok):
             log.append(("zero_grad", set_to_none))
 
     cb = RolloutCallback(group_size=2)
-    cb.engine = Spy()
+    cb.source = VLLMRollouts(Spy(), 2, SamplingPlan.of(RunConfig().rollout))
     module = SimpleNamespace(cfg=RunConfig(), rollout_step=0, weight_version=3, policy=None, tokenizer=tok)
     trainer = SimpleNamespace(global_rank=0, world_size=1, optimizers=[Opt()])
     with pytest.raises(_Stop):
@@ -126,14 +127,14 @@ def test_vllm_with_cpu_offload_is_refused_naming_both_keys():
     check_rollout_offload("vllm", False)
 
 
-def test_the_rollout_callback_refuses_the_offload_sync_before_building_an_engine(monkeypatch):
+def test_the_rollout_callback_refuses_the_offload_sync_before_building_a_source(monkeypatch):
     import arlopti.callbacks.rollout as R
     from arlopti.learner.sharding import FSDPOptions
 
     def never(*a, **k):
         raise AssertionError("the engine must not be built")
 
-    monkeypatch.setattr(R, "build_engine", never)
+    monkeypatch.setattr(R, "build_rollouts", never)
     module = SimpleNamespace(cfg=RunConfig(rollout=RolloutConfig(backend="vllm")), rollout_engine=None)
     trainer = SimpleNamespace(strategy=SimpleNamespace(fsdp_options=FSDPOptions(cpu_offload=True)))
     with pytest.raises(ConfigError, match="trainer.strategy.cpu_offload"):

@@ -78,7 +78,7 @@ def test_sleep_unsupported_is_a_noop(tok):
 
 
 def test_seeded_requests_are_one_per_sample(tok):
-    from arlopti.rollout.hf import sample_seed
+    from arlopti.rollout.seeds import sample_seed
 
     eng = _fake_engine(tok)
     groups = eng.generate([[1, 2], [3]], 3, SamplingConfig(temperature=0.7, max_new_tokens=2, seed=9))
@@ -107,17 +107,15 @@ def test_bad_settings_are_refused(tok):
 def test_missing_vllm_says_how_to_install(monkeypatch, tok):
     from arlopti.learner.policy import PolicyLM
     from arlopti.models.loading import TinySpec, build_tiny_model
-    from arlopti.callbacks.rollout import engine_for
     from arlopti.config import RunConfig
-    from arlopti.rollout.factory import build_engine
+    from arlopti.rollout.factory import build_engine, build_rollouts
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     module = SimpleNamespace(policy=PolicyLM(build_tiny_model(tok, TinySpec(num_heads=2, num_kv_heads=1))),
                              tokenizer=tok, cfg=RunConfig(rollout=RolloutConfig(backend="vllm")))
-    trainer = SimpleNamespace(precision="32-true", strategy=SimpleNamespace(root_device=torch.device("cpu")))
     match = r'rollout.backend=vllm needs vLLM.*pip install -e "\.\[cpu\]".*"\.\[gpu\]".*make install'
-    with pytest.raises(ImportError, match=match):  # the path train.py takes (RolloutCallback.setup -> engine_for)
-        engine_for(trainer, module)
+    with pytest.raises(ImportError, match=match):  # the path train.py takes (RolloutCallback.setup -> build_rollouts)
+        build_rollouts(module.cfg.model, module.cfg.rollout, module.policy, tok, 2, device=torch.device("cpu"))
     with pytest.raises(ImportError, match=match):  # the path eval.py takes
         build_engine(RolloutConfig(backend="vllm"), module.policy, tok)
 

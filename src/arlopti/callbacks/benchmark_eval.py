@@ -18,6 +18,7 @@ import logging
 import lightning.pytorch as L
 import torch
 
+from arlopti.callbacks.cadence import check_every, due
 from arlopti.eval.runner import KK_MODES, MATH_MODES, EvalMode, evaluate_sets
 from arlopti.tasks.base import Task, get_task
 
@@ -36,7 +37,7 @@ class BenchmarkEvalCallback(L.Callback):
                  limit: int | None = None, max_new_tokens: int = 256, modes: dict | None = None,
                  sets: list[str] | None = None, seed: int = 1234, log_samples: int = 2,
                  task_kwargs: dict | None = None):
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = check_every("callbacks.benchmark_eval.every_n_steps", every_n_steps)
         self.before_training = before_training
         self.at_end = at_end
         self.limit = limit
@@ -56,10 +57,11 @@ class BenchmarkEvalCallback(L.Callback):
 
     def _engine(self, trainer, pl_module):
         engine = getattr(pl_module, "rollout_engine", None)
-        if engine is None:
-            from arlopti.callbacks.rollout import engine_for
+        if engine is None:  # no colocated rollout source (placement=server): an engine of rollout.backend
+            from arlopti.rollout.factory import autocast_of, build_engine
 
-            engine = engine_for(trainer, pl_module)
+            engine = build_engine(pl_module.cfg.rollout, pl_module.policy, pl_module.tokenizer,
+                                  autocast_dtype=autocast_of(trainer.precision), device=trainer.strategy.root_device)
             pl_module.rollout_engine = engine
         return engine
 
@@ -115,7 +117,7 @@ class BenchmarkEvalCallback(L.Callback):
             self.run(trainer, pl_module)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if self.every_n_steps and pl_module.rollout_step % self.every_n_steps == 0:
+        if due(self.every_n_steps, pl_module.rollout_step):
             self.run(trainer, pl_module)
 
     def on_train_end(self, trainer, pl_module) -> None:

@@ -54,6 +54,7 @@ import lightning.pytorch as L
 import torch
 from lightning.pytorch.callbacks import Checkpoint
 
+from arlopti.callbacks.cadence import check_every, due
 from arlopti.learner.guard import tensors_finite
 from arlopti.checkpoints.resume import LAST, CheckpointError, validate_checkpoint, write_manifest
 
@@ -75,8 +76,7 @@ class RolloutCheckpoint(Checkpoint):
                  signals: Iterable[str] = ("SIGTERM", "SIGUSR1", "SIGINT"), save_on_train_end: bool = True):
         if mode not in ("max", "min"):
             raise ValueError(f"callbacks.model_checkpoint.mode={mode!r}: use 'max' or 'min'")
-        if every_n_steps is not None and every_n_steps < 1:
-            raise ValueError(f"callbacks.model_checkpoint.every_n_steps={every_n_steps}: use a positive int or null")
+        check_every("callbacks.model_checkpoint.every_n_steps", every_n_steps)
         if save_top_k < 0:
             raise ValueError(f"callbacks.model_checkpoint.save_top_k={save_top_k} must be >= 0")
         self.dirpath = Path(dirpath)
@@ -193,7 +193,7 @@ class RolloutCheckpoint(Checkpoint):
         self._maybe_top_k(trainer, step)  # first, so that last.ckpt records the updated ranking
         # The final save happens here, on the last batch, not in on_train_end: by then Lightning's
         # loop state says the epoch is over, and a resume would skip the rest of it.
-        if self.save_last and self.every_n_steps and step % self.every_n_steps == 0:
+        if self.save_last and due(self.every_n_steps, step):
             self.save_last_checkpoint(trainer, step, reason=f"every {self.every_n_steps} rollout steps")
         elif self.save_last and self.save_on_train_end and _fit_ends_after_this_batch(trainer):
             self.save_last_checkpoint(trainer, step, reason="end of training")

@@ -47,6 +47,7 @@ import lightning.pytorch as L
 import torch
 from torch import Tensor
 
+from arlopti.callbacks.cadence import check_every, due
 from arlopti.algorithms.buckets import update_direction_counts
 from arlopti.analysis.diagnostics import (HIST_BINS, DiagnosticSums, metrics_from_sums, post_update_log_probs,
                                           prob_range, step_sums)
@@ -60,8 +61,7 @@ class TokenDiagnosticsCallback(L.Callback):
         for name, v in (("every_n_steps", every_n_steps),
                         ("update_direction_every_n_steps", update_direction_every_n_steps),
                         ("micro_batch_size", micro_batch_size), ("hist_bins", hist_bins)):
-            if v is not None and v < 1:
-                raise ValueError(f"callbacks.diagnostics.{name}={v} must be >= 1 or null")
+            check_every(f"callbacks.diagnostics.{name}", v)
         self.hist_bins = hist_bins
         self.every_n_steps = every_n_steps
         self.update_direction_every_n_steps = update_direction_every_n_steps
@@ -71,15 +71,11 @@ class TokenDiagnosticsCallback(L.Callback):
         self.last_hist: Tensor | None = None  # the last logged prob_histogram sums (tests read it)
         self.enabled = True  # benchmarks toggle it to time steps with and without
 
-    @staticmethod
-    def _due(every: int | None, step: int) -> bool:
-        return every is not None and step % every == 0
-
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         ctx = getattr(pl_module, "last_step_context", None)
         step = int(getattr(pl_module, "rollout_step", 0))
-        cheap = self._due(self.every_n_steps, step)
-        direction = self._due(self.update_direction_every_n_steps, step)
+        cheap = due(self.every_n_steps, step)
+        direction = due(self.update_direction_every_n_steps, step)
         if ctx is None or not self.enabled or not (cheap or direction):
             return
         t0 = time.perf_counter()

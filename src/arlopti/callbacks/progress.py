@@ -25,6 +25,8 @@ import time
 
 from lightning.pytorch.callbacks import Callback, RichProgressBar
 
+from arlopti.callbacks.cadence import check_every
+
 log = logging.getLogger("arlopti.progress")
 
 #: (label, metric tag, format) of the line's fields, in order; a tag absent this step is left out.
@@ -172,8 +174,7 @@ class StepLine(Callback):
     ``arlopti.progress`` logger: console and ``train.log`` (see the module docstring)."""
 
     def __init__(self, every_n_steps: int = 1, style: str = "auto"):
-        if not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"callbacks.step_line.every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        check_every("callbacks.step_line.every_n_steps", every_n_steps, allow_none=False)
         if style not in ("auto", "compact", "long"):
             raise ValueError(f"callbacks.step_line.style={style!r}: use auto, compact or long")
         self.every_n_steps = every_n_steps

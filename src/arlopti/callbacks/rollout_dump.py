@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning.pytorch as L
 
+from arlopti.callbacks.cadence import check_every
 from arlopti.analysis.rollout_dump import step_records, write_records
 
 
@@ -23,10 +24,8 @@ class RolloutDumpCallback(L.Callback):
 
     def __init__(self, dirpath: str, every_n_steps: int | None = 10, token_arrays: bool = True,
                  gzip: bool = False, max_rows: int | None = None, first_step: bool = True):
-        if every_n_steps is not None and every_n_steps < 1:
-            raise ValueError(f"callbacks.rollout_dump.every_n_steps={every_n_steps} must be >= 1 or null")
         self.dirpath = Path(dirpath)
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = check_every("callbacks.rollout_dump.every_n_steps", every_n_steps)
         self.token_arrays = token_arrays
         self.gzip = gzip
         self.max_rows = max_rows

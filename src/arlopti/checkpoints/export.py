@@ -33,6 +33,7 @@ import torch
 from arlopti.config import ModelConfig, from_dict
 from arlopti.models.lora import apply_lora, check_base_identity, lora_enabled
 from arlopti.checkpoints.resume import CheckpointError, load_checkpoint_metadata, named_checkpoint
+from arlopti.utils.dtypes import torch_dtype
 
 POLICY_PREFIX = "policy.hf."
 _DCP_PREFIX = "state_dict." + POLICY_PREFIX  # how Lightning's ModelParallelStrategy names the weights
@@ -52,7 +53,7 @@ def build_model_and_tokenizer(model_cfg: ModelConfig):
     from arlopti.models.loading import load_tokenizer, resolve_model_path
 
     tok = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
-    dtype = getattr(torch, model_cfg.dtype)
+    dtype = torch_dtype(model_cfg.dtype, "model.dtype")
     if model_cfg.name_or_path.startswith("tiny"):
         from arlopti.models.loading import load_causal_lm
 
@@ -170,9 +171,7 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     path = named_checkpoint(ckpt)
     model, tok = load_policy_from_checkpoint(path, merge=merge)
     if dtype is not None:
-        if dtype not in ("bfloat16", "float16", "float32"):
-            raise ValueError(f"--dtype {dtype!r}: use bfloat16, float16 or float32")
-        model = model.to(getattr(torch, dtype))
+        model = model.to(torch_dtype(dtype, "--dtype"))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)

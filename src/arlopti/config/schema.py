@@ -88,7 +88,7 @@ def _choices_from(module: str, name: str) -> Callable[[], dict]:
     return table
 
 
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = _choices_from("arlopti.utils.dtypes", "DTYPE_CHOICES")
 
 
 @dataclass
@@ -398,7 +398,8 @@ class AsyncConfig:
 class RolloutConfig:
     """Sampling of the training rollouts (and of eval.py)."""
 
-    backend: str = setting("hf", "generation engine",
+    backend: str = setting("hf", "generation engine of this process (under placement=server: of its evals only; "
+                                 "the rollout workers always run vLLM)",
                            choices={"hf": "Hugging Face generate on the live policy",
                                     "vllm": "a colocated vLLM engine, re-synced from the policy"})
     temperature: float = setting(0.7, "sampling temperature; also divides the logits of every training log-prob")

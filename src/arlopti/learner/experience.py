@@ -1,7 +1,16 @@
 """``Experience``: one rollout step's sampled responses and rewards, as the learner consumes them.
 
-Built by the rollout callback from the prompts, the engine's completions and the task's
-rewards; attached to the :class:`~arlopti.prompts.batch.PromptBatch` as ``batch.experience``.
+Built by the rollout callback from the prompts, the rollout source's episodes
+(:class:`~arlopti.rollout.episode.Episode`) and the task's rewards; attached to the
+:class:`~arlopti.prompts.batch.PromptBatch` as ``batch.experience``.
+
+Two masks over the response positions: ``attention_mask[:, P:]`` is 1 on every real token (what the
+model reads: sampled tokens and, in a multi-turn episode, the environment's replies), and
+``response_mask`` is 1 only on the tokens the policy sampled (what it is trained on). Everything
+per-token in the learner reads ``response_mask``: the loss and its normaliser, the advantages, AR's
+``p_old``, Lopti's split, the KL, the clip fractions, the entropy, the mismatch buckets and the token
+methods; lengths and padding read :attr:`Experience.response_lengths`. In a single-turn episode the
+two are the same.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import torch
 from torch import Tensor
 
 from arlopti.rollout.engine import Completion
+from arlopti.rollout.episode import Episode
 from arlopti.tasks.base import RewardResult
 
 
@@ -19,7 +29,7 @@ from arlopti.tasks.base import RewardResult
 class Experience:
     input_ids: Tensor  # long [B, P + R]: left-padded prompt | right-padded response
     attention_mask: Tensor  # long [B, P + R]
-    response_mask: Tensor  # float [B, R]: 1 on response tokens (EOS included), 0 on padding
+    response_mask: Tensor  # float [B, R]: 1 on tokens the policy sampled (EOS included), 0 on env tokens and padding
     prompt_len: int  # P
     rewards: Tensor  # float [B]
     group_ids: Tensor  # long [B]: responses to the same prompt share an id (unique over ranks)
@@ -40,6 +50,8 @@ class Experience:
     # rollout.placement=server: the rollout workers' side of the step (trainer_wait_s, worker_idle_s,
     # queue_depth, sync_s, generate_s, restarts, policy_version, worker<i>/tokens_per_s), logged as async/<key>
     async_stats: dict[str, float] = field(default_factory=dict)
+    # per row: what the episode recorded (turns, tool calls, ...; empty for a single-turn episode)
+    episode_metas: list[dict] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -48,11 +60,16 @@ class Experience:
     def response_ids(self) -> Tensor:
         return self.input_ids[:, self.prompt_len:]
 
+    @property
+    def response_lengths(self) -> Tensor:
+        """long [B]: every real response token of each row (sampled and environment tokens)."""
+        return self.attention_mask[:, self.prompt_len:].sum(-1)
+
     def select(self, rows: Tensor | list[int]) -> "Experience":
         """A sub-batch of rows, trimmed to the longest response among them (less padding)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         resp = self.response_mask[rows]
-        r = int(resp.sum(-1).max().item()) if len(rows) else 0
+        r = int(self.response_lengths[rows].max().item()) if len(rows) else 0
         r = max(r, 1)
         cut = self.prompt_len + r
         idx = rows.tolist()
@@ -66,14 +83,16 @@ class Experience:
             metas=[self.metas[i] for i in idx] if self.metas else [],
             engine_logprobs=None if self.engine_logprobs is None else self.engine_logprobs[rows, :r],
             policy_versions=None if self.policy_versions is None else self.policy_versions[rows],
+            episode_metas=[self.episode_metas[i] for i in idx] if self.episode_metas else [],
         )
 
 
-def pad_prompt_response(prompts: list[list[int]], responses: list[list[int]], pad_id: int
-                        ) -> tuple[Tensor, Tensor, Tensor, int]:
+def pad_prompt_response(prompts: list[list[int]], responses: list[list[int]], pad_id: int,
+                        trainable: list[list[int]] | None = None) -> tuple[Tensor, Tensor, Tensor, int]:
     """``[prompt | response]`` rows: prompts left-padded to P, responses right-padded to R.
 
-    Returns ``(input_ids [B, P+R], attention_mask [B, P+R], response_mask [B, R] float, P)``.
+    Returns ``(input_ids [B, P+R], attention_mask [B, P+R], response_mask [B, R] float, P)``; the
+    response mask is ``trainable`` (one 0/1 list per response) where given, else 1 on every response token.
     """
     p = max(len(x) for x in prompts)
     r = max(1, max(len(x) for x in responses))
@@ -87,28 +106,42 @@ def pad_prompt_response(prompts: list[list[int]], responses: list[list[int]], pa
         if out:
             input_ids[row, p:p + len(out)] = torch.tensor(out, dtype=torch.long)
             attn[row, p:p + len(out)] = 1
-            resp_mask[row, :len(out)] = 1
+            resp_mask[row, :len(out)] = 1 if trainable is None else torch.tensor(trainable[row], dtype=torch.float32)
     return input_ids, attn, resp_mask, p
 
 
-def build_experience(prompt_ids: list[list[int]], completions: list[list[Completion]],
+def _per_token(values: list[list[float]], like: Tensor) -> Tensor:
+    """``values`` (one list per row) right-padded with zeros into a tensor shaped and typed like ``like``."""
+    out = torch.zeros_like(like)
+    for row, vals in enumerate(values):
+        out[row, :len(vals)] = torch.tensor(vals, dtype=like.dtype)
+    return out
+
+
+def build_experience(prompt_ids: list[list[int]], groups: list[list[Episode | Completion]],
                      results: list[RewardResult], pad_id: int, group_offset: int = 0,
                      prompt_texts: list[str] | None = None, metas: list[dict] | None = None) -> Experience:
-    """Pad prompts left and responses right into one ``[B, P + R]`` batch (B = prompts × G).
+    """Pad prompts left and episodes right into one ``[B, P + R]`` batch (B = prompts × G). A bare
+    engine :class:`~arlopti.rollout.engine.Completion` counts as a single-turn episode.
 
     ``results`` is flat, in the order prompt 0 sample 0, prompt 0 sample 1, …; group ids are
-    ``group_offset + prompt index`` so ranks can keep them globally unique.
+    ``group_offset + prompt index`` so ranks can keep them globally unique. The engine's log-probs
+    (``engine_logprobs``) are kept when every episode has them; the policy versions when any has one
+    (then every episode must).
     """
-    flat = [(i, c) for i, cs in enumerate(completions) for c in cs]
+    flat = [(i, e if isinstance(e, Episode) else Episode.of_completion(e)) for i, es in enumerate(groups) for e in es]
     if len(flat) != len(results):
-        raise ValueError(f"{len(flat)} completions but {len(results)} reward results")
+        raise ValueError(f"{len(flat)} episodes but {len(results)} reward results")
+    episodes = [e for _, e in flat]
     input_ids, attn, resp_mask, p = pad_prompt_response([prompt_ids[i] for i, _ in flat],
-                                                        [c.token_ids for _, c in flat], pad_id)
+                                                        [e.token_ids for e in episodes], pad_id,
+                                                        [e.trainable for e in episodes])
     eng_lp = None
-    if all(c.logprobs is not None for _, c in flat):
-        eng_lp = torch.zeros_like(resp_mask)
-        for row, (_, c) in enumerate(flat):
-            eng_lp[row, :len(c.token_ids)] = torch.tensor(c.logprobs[:len(c.token_ids)])
+    if all(e.logprobs is not None for e in episodes):
+        eng_lp = _per_token([e.logprobs for e in episodes], resp_mask) * resp_mask  # 0 on env tokens
+    versions = [e.version for e in episodes]
+    if any(v is not None for v in versions) and None in versions:
+        raise ValueError("some episodes of a step record the policy version that generated them and others not")
     b = len(flat)
     comps: dict[str, list[float]] = {}
     for res in results:
@@ -118,13 +151,15 @@ def build_experience(prompt_ids: list[list[int]], completions: list[list[Complet
         input_ids=input_ids, attention_mask=attn, response_mask=resp_mask, prompt_len=p,
         rewards=torch.tensor([res.reward for res in results], dtype=torch.float32),
         group_ids=torch.tensor([group_offset + i for i, _ in flat], dtype=torch.long),
-        truncated=torch.tensor([c.truncated for _, c in flat], dtype=torch.bool),
+        truncated=torch.tensor([e.truncated for e in episodes], dtype=torch.bool),
         correct=torch.tensor([res.correct for res in results], dtype=torch.bool),
         components={k: torch.tensor(v) for k, v in comps.items() if len(v) == b},
-        response_texts=[c.text for _, c in flat],
+        response_texts=[e.text for e in episodes],
         prompt_texts=[prompt_texts[i] for i, _ in flat] if prompt_texts else [],
         metas=[metas[i] for i, _ in flat] if metas else [],
         engine_logprobs=eng_lp,
+        policy_versions=torch.tensor(versions, dtype=torch.long) if versions and versions[0] is not None else None,
+        episode_metas=[dict(e.meta) for e in episodes] if any(e.meta for e in episodes) else [],
     )
 
 

@@ -189,7 +189,7 @@ def micro_batches_of(rows: list[int], exp, size: int, budget: int | None,
     """
     if budget is None:
         return [[rows[j] for j in mb] for mb in fixed_micro_batches(len(rows), size)], None
-    lengths = [int(x) for x in exp.response_mask[rows].sum(-1).tolist()]
+    lengths = [int(x) for x in exp.response_lengths[rows].tolist()]
     k = max_over_ranks(min_micro_batches(lengths, exp.prompt_len, budget))
     plan = plan_micro_batches(lengths, exp.prompt_len, budget, k=k)
     warning = None

@@ -106,7 +106,7 @@ def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_row
     """
     if not rows:
         return
-    lengths = exp.response_mask[rows].sum(-1).tolist()
+    lengths = exp.response_lengths[rows].tolist()
     order = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (-lengths[i], i))]
     for lo in range(0, len(order), chunk_rows):
         chunk = order[lo:lo + chunk_rows]

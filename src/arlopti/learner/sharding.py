@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from arlopti.utils.dtypes import ALIASES, DTYPES, torch_dtype
 from torch import nn
 
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -36,10 +38,6 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 # Class names of decoder layers known to work, for models that do not declare _no_split_modules.
 KNOWN_DECODER_LAYERS = ("Qwen2DecoderLayer", "Qwen3DecoderLayer", "LlamaDecoderLayer", "MistralDecoderLayer",
                         "Gemma2DecoderLayer", "Phi3DecoderLayer")
-
-_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-           "fp32": torch.float32, "float32": torch.float32}
-
 
 class ShardingError(ValueError):
     """FSDP2 cannot be applied as configured; the message names the key to change."""
@@ -56,10 +54,10 @@ class FSDPOptions:
     reshard_after_forward: bool | None = None  # null: FSDP2's default (layers yes, root no)
 
     def __post_init__(self) -> None:
-        if self.mixed_precision is not None and self.mixed_precision not in _DTYPES:
+        if self.mixed_precision is not None and ALIASES.get(self.mixed_precision, self.mixed_precision) not in DTYPES:
             raise ShardingError(f"trainer.strategy.mixed_precision={self.mixed_precision!r}: "
                                 "use null, 'bf16' or 'fp16'")
-        if self.reduce_dtype not in _DTYPES:
+        if ALIASES.get(self.reduce_dtype, self.reduce_dtype) not in DTYPES:
             raise ShardingError(f"trainer.strategy.reduce_dtype={self.reduce_dtype!r}: use 'float32' or 'bf16'")
 
 
@@ -171,8 +169,9 @@ def apply_fsdp2(policy: nn.Module, mesh, options: FSDPOptions | None = None,
         enable_activation_checkpointing(hf)
     kwargs: dict = {"mesh": mesh}
     if options.mixed_precision is not None:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=_DTYPES[options.mixed_precision],
-                                                   reduce_dtype=_DTYPES[options.reduce_dtype])
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch_dtype(options.mixed_precision, "trainer.strategy.mixed_precision", aliases=True),
+            reduce_dtype=torch_dtype(options.reduce_dtype, "trainer.strategy.reduce_dtype", aliases=True))
     kwargs["offload_policy"] = CPUOffloadPolicy() if options.cpu_offload else OffloadPolicy()
     layer_kwargs = dict(kwargs)
     if options.reshard_after_forward is not None:

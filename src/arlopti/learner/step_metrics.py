@@ -91,7 +91,7 @@ def padding_metrics(metrics: MetricSet, exp, micro_plan: Mapping[tuple, list[lis
     valid = padded = 0
     for mbs in micro_plan.values():
         for mb in mbs:
-            lengths = [int(x) for x in exp.response_mask[mb].sum(-1).tolist()]
+            lengths = [int(x) for x in exp.response_lengths[mb].tolist()]
             cost = micro_batch_cost(lengths, exp.prompt_len)
             padded += cost
             valid += int(exp.attention_mask[mb, :cost // len(mb)].sum())

@@ -1,27 +1,42 @@
-"""The rollout engine that ``rollout.backend`` names, built from a policy and its tokenizer.
+"""Building what ``rollout.*`` names: an engine (:func:`build_engine`) or a rollout source (:func:`build_rollouts`).
 
-One factory for every caller: the rollout callback (training: :func:`arlopti.callbacks.rollout.engine_for`
-passes the trainer's precision and device), ``eval.py`` and the benchmark-eval callback. It lives
-here, beside the engines, so that nothing reaches into a callback to build one.
+One factory for every caller, beside the engines, so that nothing reaches into a callback to build one:
+
+* :func:`build_rollouts`: the rollout callback's source (:mod:`arlopti.rollout.source`), by
+  ``rollout.placement`` and ``rollout.backend``: :class:`~arlopti.rollout.source.HFRollouts`,
+  :class:`~arlopti.rollout.source.VLLMRollouts`, or
+  :class:`~arlopti.rollout.server_rollouts.ServerRollouts` (the workers always run vLLM; under
+  ``placement=server``, ``rollout.backend`` is the engine of the evals that run in the trainer's
+  process, and the run says so at start-up);
+* :func:`build_engine`: an engine alone, for ``eval.py`` and the benchmark-eval callback (which
+  share the colocated source's engine when there is one).
+
+``autocast_dtype`` is the HF engine's autocast (bf16 under a bf16 trainer: :func:`autocast_of`);
+``device`` the training process's device: given, the vLLM engine starts on it with dummy weights
+until the first rollout's sync (training); None, it loads the policy's weights now (``eval.py``
+generates at once).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from arlopti.config import RolloutConfig
 from arlopti.rollout.engine import RolloutEngine
+from arlopti.rollout.source import HFRollouts, RolloutSource, SamplingPlan, VLLMRollouts
+
+
+def autocast_of(precision) -> torch.dtype | None:
+    """The HF engine's autocast dtype under a trainer of this ``precision`` (Lightning's string)."""
+    return torch.bfloat16 if "bf16" in str(precision) else None
 
 
 def build_engine(cfg: RolloutConfig, policy, tokenizer, *, autocast_dtype: torch.dtype | None = None,
                  device: torch.device | None = None) -> RolloutEngine:
-    """The engine ``cfg.backend`` names for ``policy`` (a :class:`~arlopti.learner.policy.PolicyLM`).
-
-    ``autocast_dtype``: the HF engine's autocast (bf16 under a bf16 trainer). ``device``: the
-    training process's device; given, the vLLM engine starts on it with dummy weights until the
-    first rollout's sync (training); None, it loads the policy's weights now (``eval.py``
-    generates at once).
-    """
+    """The engine ``cfg.backend`` names for ``policy`` (a :class:`~arlopti.learner.policy.PolicyLM`);
+    module docstring for ``autocast_dtype`` and ``device``."""
     if cfg.backend == "hf":
         from arlopti.rollout.hf import HFEngine
 
@@ -36,4 +51,25 @@ def build_engine(cfg: RolloutConfig, policy, tokenizer, *, autocast_dtype: torch
     raise ValueError(f"rollout.backend={cfg.backend!r}: use 'hf' or 'vllm'")
 
 
-__all__ = ["build_engine"]
+def build_rollouts(model_cfg, cfg: RolloutConfig, policy, tokenizer, group_size: int, *, precision="32",
+                   device: torch.device | None = None, run_dir: Path | None = None, rank: int = 0, world: int = 1,
+                   engine: RolloutEngine | None = None) -> RolloutSource:
+    """The rollout source of a training run (module docstring). ``engine``: a colocated engine already
+    built (shared with the eval callbacks); ``run_dir``: where spawned rollout workers write their configs
+    and logs."""
+    if cfg.placement == "server":
+        from arlopti.rollout.server_rollouts import ServerRollouts
+
+        return ServerRollouts.start(model_cfg, cfg, policy, tokenizer, group_size,
+                                    Path(run_dir or ".") / "rollout_workers", rank=rank, world=world)
+    if engine is not None:
+        kind = HFRollouts if cfg.backend == "hf" else VLLMRollouts
+        return kind(engine, group_size, SamplingPlan.of(cfg, rank))
+    if cfg.backend == "hf":
+        return HFRollouts.build(cfg, policy, tokenizer, group_size, rank, autocast_dtype=autocast_of(precision))
+    if cfg.backend == "vllm":
+        return VLLMRollouts.build(cfg, policy, tokenizer, group_size, rank, device=device)
+    raise ValueError(f"rollout.backend={cfg.backend!r}: use 'hf' or 'vllm'")
+
+
+__all__ = ["autocast_of", "build_engine", "build_rollouts"]

@@ -23,7 +23,6 @@ so every rank calls ``generate``, also with no prompts, and decoding itself runs
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
 import time
 
@@ -31,13 +30,8 @@ import torch
 from torch import Tensor, nn
 
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
+from arlopti.rollout.seeds import sample_seed
 from arlopti.utils.fsdp_unshard import unsharded_for_generate
-
-
-def sample_seed(base: int, prompt_index: int, sample_index: int) -> int:
-    """A 63-bit seed for one response, stable across Python processes."""
-    digest = hashlib.blake2b(f"{base}/{prompt_index}/{sample_index}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
 def filter_logits(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:

@@ -9,9 +9,10 @@ under the Hugging Face names the engine was built from, so the existing name che
 route of :mod:`arlopti.rollout.vllm` apply as they are. After the first load only the adapted
 tensors can have changed: :func:`changed_only` keeps those.
 
-``adapter``: the engine starts with LoRA enabled on the *base* weights (:func:`base_named_params`),
-and each sync writes only the adapter (``PeftModel.save_pretrained``) to a versioned folder that the
-next requests name in a new ``LoRARequest`` (:class:`AdapterRequests`). vLLM applies
+``adapter``: the engine starts with LoRA enabled on the *base* weights (``engine_named_params(...,
+merged=False)``), and each sync writes only the adapter (``PeftModel.save_pretrained``) to a versioned
+folder that the next requests name in a new ``LoRARequest`` (:class:`AdapterRequests`). Which of these
+a sync sends is decided by :mod:`arlopti.rollout.publisher`. vLLM applies
 ``x W + s (x A) B`` with its own LoRA kernels; the tokens/s it costs are in benchmarks/RESULTS.md.
 """
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -158,58 +158,3 @@ def _vllm_rank(r: int) -> int:
         if allowed >= r:
             return allowed
     raise ValueError(f"model.lora.r={r}: vLLM serves LoRA ranks up to 512; use rollout.lora_sync=merged")
-
-
-def adapter_engine_class(cls: type, policy: nn.Module, cfg) -> type:
-    """The engine class :meth:`VLLMEngine.from_policy` builds: ``cls`` itself, or for a LoRA policy
-    under ``rollout.lora_sync=adapter`` its adapter-serving subclass."""
-    if not is_lora(policy) or cfg.lora_sync != "adapter":
-        return cls
-    return _adapter_subclass(cls)
-
-
-_SUBCLASSES: dict[type, type] = {}
-
-
-def _adapter_subclass(base: type) -> type:
-    if base in _SUBCLASSES:
-        return _SUBCLASSES[base]
-
-    class AdapterSyncEngine(base):
-        """vLLM serving the frozen base plus the policy's adapter as a versioned ``LoRARequest``.
-
-        The first sync (and the first after a level-2 sleep dropped the weights) loads the base
-        weights by the parent's route; every sync then publishes the adapter alone."""
-
-        lora_merged = False
-
-        def _load_weights(self, policy) -> None:
-            t0 = time.perf_counter()
-            if not getattr(self, "_base_loaded", False):
-                super()._load_weights(policy)  # the frozen base, adapters not merged
-                self._base_loaded = True
-            if getattr(self, "adapters", None) is None:
-                self.adapters = AdapterRequests()
-            self.adapters.publish(policy)
-            hf = getattr(policy, "hf", policy)
-            sent = [p for n, p in hf.named_parameters() if p.requires_grad]
-            self.stats.last_sync_seconds = time.perf_counter() - t0
-            self.stats.extra.update(sync_method="lora_adapter", sync_tensors=len(sent),
-                                    sync_bytes=sum(p.numel() * p.element_size() for p in sent))
-
-        def _request_kwargs(self) -> dict:
-            current = getattr(getattr(self, "adapters", None), "current", None)
-            return {"lora_request": current} if current is not None else {}
-
-        def sleep(self) -> None:
-            super().sleep()
-            if self.sleeping and self.sleep_level >= 2:
-                self._base_loaded = False
-
-        def close(self) -> None:
-            super().close()
-            if getattr(self, "adapters", None) is not None:
-                self.adapters.close()
-
-    _SUBCLASSES[base] = AdapterSyncEngine
-    return AdapterSyncEngine

@@ -75,7 +75,8 @@ def prepare_model_dir(model_cfg, rollout_cfg, out_dir: Path) -> tuple[dict, str,
     ``(base identity, dtype name, max_model_len)``."""
     from arlopti.models.lora import base_identity
     from arlopti.models.loading import load_causal_lm, load_tokenizer
-    from arlopti.rollout.vllm_startup import dtype_name, engine_model_spec, save_for_engine
+    from arlopti.rollout.vllm_startup import engine_model_spec, save_for_engine
+    from arlopti.utils.dtypes import dtype_name
 
     tokenizer = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
     model = load_causal_lm(model_cfg.name_or_path, tokenizer, dtype=model_cfg.dtype, tiny=model_cfg.tiny)

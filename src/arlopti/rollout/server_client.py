@@ -9,7 +9,7 @@ through vLLM's own HTTP routes:
 * the weight-transfer routes, driven by :class:`arlopti.rollout.gloo_transfer.GlooSender`, then
   ``/reset_prefix_cache`` (cached KV blocks were computed with the old weights);
 * ``POST /inference/v1/generate``: token ids in, token ids and processed log-probs out, one request
-  per response with its own seed (the colocated engine's seeding, :func:`arlopti.rollout.hf.sample_seed`),
+  per response with its own seed (the colocated engine's seeding, :func:`arlopti.rollout.seeds.sample_seed`),
   all of a batch in flight at once. vLLM reports the weight version of every token span; a response
   that is not entirely of the version the worker was synced to is an error (:class:`WorkerError`).
 
@@ -39,7 +39,7 @@ import requests
 
 from arlopti.rollout.engine import Completion, SamplingConfig
 from arlopti.rollout.gloo_transfer import GlooSender
-from arlopti.rollout.hf import sample_seed
+from arlopti.rollout.seeds import sample_seed
 log = logging.getLogger(__name__)
 
 #: The name prefix of a served model: ``arlopti-<first 16 hex digits of the base fingerprint>``.
@@ -83,7 +83,7 @@ def worker_env(devices: list[str], index: int) -> dict[str, str]:
 
 
 class RolloutWorker:
-    """One worker (module docstring). Create with :meth:`spawn` (then ``_launch``) or :meth:`remote`;
+    """One worker (module docstring). Create with :meth:`spawn` (then :meth:`launch`) or :meth:`remote`;
     :meth:`wait_ready`, :meth:`check_base`, :meth:`start_transfer`, then :meth:`sync` and :meth:`generate`."""
 
     def __init__(self, url: str, *, timeout_s: float, transfer_host: str, name: str,
@@ -122,7 +122,7 @@ class RolloutWorker:
     def spawned(self) -> bool:
         return self.spawn_args is not None
 
-    def _launch(self) -> None:
+    def launch(self) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         a = self.spawn_args

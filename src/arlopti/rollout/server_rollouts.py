@@ -1,16 +1,21 @@
 """``rollout.placement=server``: rollout workers that generate ahead of the trainer, within the bound.
 
-:class:`ServerRollouts` owns the workers (:class:`arlopti.rollout.server_client.RolloutWorker`), one
-background thread that generates whole steps' batches in order, and the queue of their futures. At
-the start of every training step :meth:`ServerRollouts.completions` follows
-:func:`arlopti.rollout.async_plan.plan_step`: waits for what the plan needs, sends the weights when it
-says so (every worker, bucket by bucket, tagged with the policy version), queues the next batches
-(their prompts from :meth:`arlopti.data.prompt_datamodule.PromptDataModule.batch_ahead`), and returns
-step ``t``'s completions with the version that generated them. A step's prompts are split between the
-workers in contiguous, whole groups.
+:class:`ServerRollouts` is the third :class:`~arlopti.rollout.source.RolloutSource`. It owns the
+workers (:class:`arlopti.rollout.server_client.RolloutWorker`), one background thread that generates
+whole steps' episodes in order, and the queue of their futures. At the start of every training step
+:meth:`ServerRollouts.collect` follows :func:`arlopti.rollout.async_plan.plan_step`: waits for what the
+plan needs, sends the weights when it says so (every worker, bucket by bucket, tagged with the policy
+version; what is sent is the weight publisher's plan, :mod:`arlopti.rollout.publisher`, with the name
+check), queues the next batches (their prompts from ``ahead``:
+:meth:`arlopti.data.prompt_datamodule.PromptDataModule.batch_ahead`), and returns step ``t``'s episodes,
+each stamped with the version that generated it. A step's prompts are split between the workers in
+contiguous, whole groups. With ``rollout.server.check_sync`` every sync is followed by a probe: a worker
+samples a few tokens of the step's first prompt with their log-probs, and the trainer's own log-probs
+of the same tokens must agree within ``rollout.server.sync_check_tol`` (:func:`check_worker_agrees`).
 
-Seeds are the colocated engine's (step seed from ``rollout.seed``, the step and the rank; one seed
-per response), so with ``max_staleness = 0`` the tokens are those of ``placement=colocated``.
+Seeds are the colocated engine's (:class:`~arlopti.rollout.source.SamplingPlan`: the step seed from
+``rollout.seed``, the step and the rank; one seed per response), so with ``max_staleness = 0`` the
+tokens are those of ``placement=colocated``.
 
 Several trainer ranks (DDP, FSDP2): every rank drives its own workers with its own share of the
 batch (its prompts, its seeds) and takes the same plan at the same steps, so their syncs, whose
@@ -38,9 +43,14 @@ from pathlib import Path
 
 import torch
 
+from arlopti.models.lora import base_identity, base_model_of
 from arlopti.rollout.async_plan import plan_step
-from arlopti.rollout.engine import Completion, SamplingConfig
+from arlopti.rollout.engine import SamplingConfig
+from arlopti.rollout.episode import Episode
+from arlopti.rollout.publisher import WeightPublisher
 from arlopti.rollout.server_client import RolloutWorker, WorkerError, served_model_name
+from arlopti.rollout.source import Collected, RolloutSource, SamplingPlan, collect_groups
+from arlopti.rollout.vllm_startup import resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -56,17 +66,20 @@ class Batch:
     stats: dict = field(default_factory=dict)
 
 
-class ServerRollouts:
-    """See the module docstring. ``sampling_for(step) -> SamplingConfig``: the step's sampling (its seed)."""
+class ServerRollouts(RolloutSource):
+    """See the module docstring. Built by :meth:`start`."""
 
     def __init__(self, workers: list[RolloutWorker], rollout_cfg, base_name: str, tokenizer, group_size: int,
-                 world: int = 1):
+                 world: int = 1, sampling: SamplingPlan | None = None, publisher: WeightPublisher | None = None,
+                 wire_dtype: torch.dtype = torch.float32):
+        super().__init__(group_size, sampling or SamplingPlan.of(rollout_cfg))
         self.workers = workers
         self.world = world  # trainer ranks: each drives its own workers, in lockstep (module docstring)
         self.cfg = rollout_cfg
         self.base_name = base_name
         self.tokenizer = tokenizer
-        self.group_size = group_size
+        self.publisher = publisher
+        self.wire_dtype = wire_dtype
         self.queue: dict[int, Batch] = {}
         self.last_scheduled = -1
         self.version: int | None = None
@@ -79,22 +92,27 @@ class ServerRollouts:
 
     # ------------------------------------------------------------------ building
     @classmethod
-    def start(cls, model_cfg, rollout_cfg, identity: dict, tokenizer, group_size: int, run_dir: Path,
+    def start(cls, model_cfg, rollout_cfg, policy, tokenizer, group_size: int, run_dir: Path,
               rank: int = 0, world: int = 1) -> "ServerRollouts":
         """Spawn or connect to this trainer rank's workers (``rollout.server``: ``num_workers`` spawned per
-        rank, or rank ``r``'s contiguous share of ``urls``) and check each one's base model."""
+        rank, or rank ``r``'s contiguous share of ``urls``) and check each one's base model against the
+        policy's, taken now (before any weight is trained or restored)."""
         s = rollout_cfg.server
+        identity = base_identity(base_model_of(policy))
         if s.spawn:
             first = rank * s.num_workers
             workers = [RolloutWorker.spawn(first + i, model_cfg, rollout_cfg, run_dir) for i in range(s.num_workers)]
         else:
             share = len(s.urls) // world
             workers = [RolloutWorker.remote(u, s) for u in s.urls[rank * share:(rank + 1) * share]]
-        pool = cls(workers, rollout_cfg, served_model_name(identity), tokenizer, group_size, world)
+        wire = resolve_dtype(rollout_cfg.dtype, next(p.dtype for p in policy.parameters() if p.is_floating_point()))
+        pool = cls(workers, rollout_cfg, served_model_name(identity), tokenizer, group_size, world,
+                   SamplingPlan.of(rollout_cfg, rank), WeightPublisher.for_policy(policy, rollout_cfg.lora_sync),
+                   wire)
         try:
             for w in workers:  # spawned ones start together; each is then waited for
                 if w.spawned:
-                    w._launch()
+                    w.launch()
             for w in workers:
                 w.wait_ready(s.startup_timeout_s if w.spawned else s.timeout_s)
                 w.check_base(pool.base_name)
@@ -105,16 +123,20 @@ class ServerRollouts:
         return pool
 
     # ------------------------------------------------------------------ the step
-    def completions(self, step: int, prompts, ahead: Callable[[int], object], policy_items: Callable[[], list],
-                    sampling_for: Callable[[int], SamplingConfig], wire_dtype: torch.dtype
-                    ) -> tuple[list[list[Completion]], int, dict]:
-        """Step ``step``'s completions of ``prompts`` (this step's batch from the loader), the version that
-        generated them, and the step's ``async/*`` statistics. ``ahead(j)``: the batch ``j`` steps later;
-        ``policy_items()``: the ``(checkpoint name, parameter)`` pairs to send."""
+    def collect(self, policy, version, step, prompts, *, round_index=0, ahead=None) -> Collected:
+        """Step ``step``'s episodes of ``prompts`` (this step's batch from the loader), each stamped with the
+        version that generated it, and the step's ``async/*`` statistics. ``ahead(j)``: the batch ``j``
+        steps later (required: the workers generate ahead)."""
+        if round_index != 0:
+            raise ValueError("rollout.placement=server generates one round per step (DAPO dynamic sampling "
+                             "is refused with it at start-up)")
+        if ahead is None:
+            raise ValueError("rollout.placement=server needs the batches ahead (a PromptDataModule's batch_ahead)")
         stats = {"trainer_wait_s": 0.0, "sync_s": 0.0}
         for attempt in range(self._max_attempts()):
             try:
-                return self._completions(step, prompts, ahead, policy_items, sampling_for, wire_dtype, stats)
+                groups, stats = self._collect(policy, step, prompts, ahead, stats)
+                return Collected(groups, {"rollout_s": stats["trainer_wait_s"], "sync_s": stats["sync_s"]}, stats)
             except WorkerError as err:
                 self._recover(err, attempt)
         raise AssertionError("unreachable")
@@ -122,7 +144,7 @@ class ServerRollouts:
     def _max_attempts(self) -> int:
         return 1 + self.cfg.server.max_restarts * max(1, len(self.workers))
 
-    def _completions(self, step, prompts, ahead, policy_items, sampling_for, wire_dtype, stats):
+    def _collect(self, policy, step, prompts, ahead, stats):
         if self.last_scheduled < step - 1:
             self.last_scheduled = step - 1  # nothing queued (first step, resume, restart): start from here
         plan = plan_step(step, self.version, self.last_scheduled, self.cfg.async_.max_staleness,
@@ -130,23 +152,34 @@ class ServerRollouts:
         if plan.sync:
             stats["trainer_wait_s"] += self._drain()
             t0 = time.perf_counter()
-            items = policy_items()
-            for w in self.workers:
-                w.sync(items, int(self.cfg.sync_bucket_mb) * 2**20 or 1, wire_dtype, plan.version)
-            self.version = plan.version
+            self._sync(policy, plan.version, prompts.prompt_ids[0])
             stats["sync_s"] = time.perf_counter() - t0
         for s in plan.schedule:
             batch = prompts if s == step else ahead(s - step)
-            self._queue(s, batch, sampling_for(s))
+            self._queue(s, batch, self.sampling.at(s))
         stats["queue_depth"] = float(len(self.queue))
         batch = self.queue.pop(step)
         self._check_prompts(batch, prompts)
         t0 = time.perf_counter()
-        completions = batch.future.result()
+        groups = batch.future.result()
         stats["trainer_wait_s"] += time.perf_counter() - t0
         stats.update(batch.stats, worker_idle_s=self._take_idle(), restarts=float(self.restarts),
                      policy_version=float(batch.version))
-        return completions, batch.version, stats
+        return groups, stats
+
+    def _sync(self, policy, version: int, probe_prompt: list[int]) -> None:
+        """Send every worker the publisher's plan as ``version`` (then, with ``check_sync``, probe it)."""
+        bucket = int(self.cfg.sync_bucket_mb) * 2**20 or 1
+        for w in self.workers:
+            plan = self.publisher.plan(policy, holds_base=w.version is not None)
+            if plan.adapter:
+                raise WorkerError(w.name, "rollout.lora_sync=adapter is not served by rollout workers")
+            w.sync(plan.items, bucket, self.wire_dtype, version)
+        self.version = version
+        if self.cfg.server.check_sync:
+            for w in self.workers:
+                check_worker_agrees(w, policy, probe_prompt, self.cfg.temperature, self.cfg.server.sync_check_tol,
+                                    self._http, self.tokenizer)
 
     def _queue(self, step: int, prompts, sampling: SamplingConfig) -> None:
         version = self.version
@@ -155,28 +188,32 @@ class ServerRollouts:
         self.queue[step] = b
         self.last_scheduled = step
 
-    def _generate(self, b: Batch, sampling: SamplingConfig) -> list[list[Completion]]:
+    def _generate(self, b: Batch, sampling: SamplingConfig) -> list[list[Episode]]:
         """Runs on the generation thread: the step's prompts split between the workers, in parallel."""
         start = time.perf_counter()
         self._idle_s += start - self._idle_since
         ids = list(b.prompts.prompt_ids)
         chunks = _split(len(ids), len(self.workers))
         with ThreadPoolExecutor(max_workers=len(self.workers)) as per_worker:
-            futs = {i: per_worker.submit(self._timed, w, ids[lo:hi], lo, sampling)
+            futs = {i: per_worker.submit(self._timed, w, ids[lo:hi], lo, sampling, b.version)
                     for i, (w, (lo, hi)) in enumerate(zip(self.workers, chunks)) if hi > lo}
             parts = {i: f.result() for i, f in futs.items()}
         self._idle_since = time.perf_counter()
-        out: list[list[Completion]] = []
+        out: list[list[Episode]] = []
         for i, (groups, tokens, seconds) in parts.items():  # in worker order: the step's prompt order
             out += groups
             b.stats[f"worker{i}/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
         b.stats["generate_s"] = self._idle_since - start
         return out
 
-    def _timed(self, worker: RolloutWorker, prompts, first: int, sampling: SamplingConfig):
+    def _timed(self, worker: RolloutWorker, prompts, first: int, sampling: SamplingConfig, version: int | None):
         t0 = time.perf_counter()
-        groups = worker.generate(prompts, first, self.group_size, sampling, self.tokenizer, self._http)
-        return groups, sum(len(c.token_ids) for g in groups for c in g), time.perf_counter() - t0
+
+        def generate(ids, n, s):
+            return worker.generate(ids, first, n, s, self.tokenizer, self._http)
+
+        groups = collect_groups(generate, prompts, self.group_size, sampling, version)
+        return groups, sum(len(e.token_ids) for g in groups for e in g), time.perf_counter() - t0
 
     def _drain(self) -> float:
         """Wait for every queued batch to finish generating (a sync changes weights between batches)."""
@@ -226,7 +263,7 @@ class ServerRollouts:
         worker.stop(grace_s=2.0)
         worker.restarts += 1
         self.restarts += 1
-        worker._launch()
+        worker.launch()
         worker.wait_ready(self.cfg.server.startup_timeout_s)
         worker.check_base(self.base_name)
         worker.start_transfer()
@@ -241,6 +278,29 @@ class ServerRollouts:
             w.stop()
 
 
+@torch.no_grad()
+def check_worker_agrees(worker: RolloutWorker, policy, prompt: list[int], temperature: float, tol: float, pool,
+                        tokenizer, tokens: int = 8) -> float:
+    """Sample ``tokens`` tokens of ``prompt`` on ``worker`` with their log-probs and compare them with the
+    trainer's log-probs of the same tokens at the same temperature; raises beyond ``tol``. Returns the
+    largest difference."""
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=tokens, seed=0, logprobs=True)
+    (group,) = worker.generate([prompt], 0, 1, sampling, tokenizer, pool)
+    c = group[0]
+    device = next(policy.parameters()).device
+    ids = torch.tensor([list(prompt) + c.token_ids], device=device)
+    logp = policy(ids, torch.ones_like(ids), len(prompt), temperature)
+    logp = logp[0] if isinstance(logp, tuple) else logp
+    gap = float((logp[0, :len(c.token_ids)].float().cpu() - torch.tensor(c.logprobs)).abs().max())
+    if not gap <= tol:
+        raise WorkerError(worker.name, f"after the sync to version {worker.version} its log-probs differ from the "
+                                       f"trainer's by up to {gap:.3g} > rollout.server.sync_check_tol={tol}: the "
+                                       "weights did not arrive intact")
+    log.info("%s agrees with the trainer after the sync to version %s (max |dlogp| %.2g)", worker.name,
+             worker.version, gap)
+    return gap
+
+
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous ranges covering ``range(n)``, sizes differing by at most one."""
     base, extra = divmod(n, parts)
@@ -252,4 +312,4 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-__all__ = ["ServerRollouts"]
+__all__ = ["ServerRollouts", "check_worker_agrees"]

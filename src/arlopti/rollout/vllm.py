@@ -6,11 +6,15 @@ the weight-loading route that runs on vLLM's worker); this module is the engine:
 weight sync, sleep mode.
 
 Weight sync (:meth:`_load_weights`, called by ``sync_weights`` whenever the learner's
-``weight_version`` moved): parameter names are mapped to checkpoint names
-(:mod:`arlopti.rollout.weight_sync`), checked against the accepted names (a mismatch raises
+``weight_version`` moved): the weight publisher (:mod:`arlopti.rollout.publisher`) decides what
+to send (every parameter, only the changed LoRA weights, or the adapter) after checking the
+names against those the engine was built from (a mismatch raises
 :class:`~arlopti.rollout.weight_sync.WeightSyncError` listing them, before anything is
-loaded), then streamed bucket by bucket (FSDP2 DTensors gathered with ``full_tensor()``) into
-the model runner's model, and the prefix cache is reset. Two routes, chosen by trying:
+loaded); the tensors are streamed bucket by bucket (FSDP2 DTensors gathered with ``full_tensor()``)
+into the model runner's model, and the prefix cache is reset. ``rollout.lora_sync=adapter``: the
+engine serves the frozen base with LoRA enabled, and each sync saves the adapter to a versioned
+folder that the next requests name in a ``LoRARequest`` (:class:`arlopti.rollout.lora_sync.AdapterRequests`).
+Two routes for the tensors, chosen by trying:
 
 * ``load_weights``: the model's own ``load_weights`` (TRL's colocate route; CUDA).
 * ``reload_weights``: vLLM's in-place, layer-wise reload (``worker.reload_weights``), needed
@@ -35,7 +39,7 @@ gathered tensors never coexist with the KV cache. Where vLLM has no sleep mode (
 no-ops, noted once in the log.
 
 Sampling: with ``sampling.seed`` set, every response is its own request with ``n = 1`` and seed
-:func:`arlopti.rollout.hf.sample_seed` ``(seed, prompt, sample)``, so a group's responses differ
+:func:`arlopti.rollout.seeds.sample_seed` ``(seed, prompt, sample)``, so a group's responses differ
 and each is reproducible whatever else is in the batch (one seeded request with ``n > 1``
 would seed its children ``seed + index``, vLLM's ``parallel_sampling.py``, so sample ``j`` of one
 prompt would share its seed with sample ``j - 1`` of a request seeded one higher). Without a seed, one request per prompt with ``n``
@@ -63,11 +67,12 @@ import torch
 
 from arlopti.config import RolloutConfig
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
-from arlopti.rollout.hf import sample_seed
-from arlopti.rollout.lora_sync import adapter_engine_class, changed_only, engine_named_params
-from arlopti.rollout.vllm_startup import FIRST_SYNC_VERSION, PROMPT_BUDGET, dtype_name, worker_load, start_vllm
-from arlopti.rollout.weight_sync import (WeightSyncError, check_names, named_sync_params, nbytes,
-                                         stream_tensors)
+from arlopti.rollout.seeds import sample_seed
+from arlopti.rollout.lora_sync import AdapterRequests
+from arlopti.rollout.publisher import WeightPublisher
+from arlopti.rollout.vllm_startup import FIRST_SYNC_VERSION, PROMPT_BUDGET, start_vllm, worker_load
+from arlopti.utils.dtypes import dtype_name
+from arlopti.rollout.weight_sync import WeightSyncError, stream_tensors
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +81,19 @@ class VLLMEngine(RolloutEngine):
     """A ``vllm.LLM`` in this process; see the module docstring for build, sync and sampling."""
 
     SYNC_METHODS = ("load_weights", "reload_weights")
-    lora_merged = True  # a LoRA policy syncs merged weights (rollout.lora_sync=adapter: lora_sync.py)
 
     def __init__(self, llm, tokenizer, *, expected_names: list[str], dtype: torch.dtype, tie_word_embeddings: bool,
                  max_model_len: int, sync_bucket_mb: int = 256, enable_sleep: bool = False, sleep_level: int = 1,
                  model_dir: str | None = None, owns_model_dir: bool = False, dist_was_initialized: bool = True,
-                 sleep_supported: bool | None = None):
+                 sleep_supported: bool | None = None, lora_sync: str = "merged"):
         super().__init__()
         self.llm = llm
         self.tokenizer = tokenizer
         self.expected_names = list(expected_names)
         self.dtype = dtype
         self.tie_word_embeddings = tie_word_embeddings
+        self.publisher = WeightPublisher(expected_names, tie_word_embeddings, lora_sync)
+        self.adapters: AdapterRequests | None = None  # rollout.lora_sync=adapter: the published adapters
         self.max_model_len = int(max_model_len)
         self.bucket_bytes = int(sync_bucket_mb) * 2**20
         self.sleep_level = sleep_level
@@ -117,13 +123,12 @@ class VLLMEngine(RolloutEngine):
         """
         if weights not in ("dummy", "files"):
             raise ValueError(f"VLLMEngine.from_policy(weights={weights!r}): use 'dummy' or 'files'")
-        cls = adapter_engine_class(cls, policy, cfg)  # rollout.lora_sync=adapter: the LoRA-serving engine
         s = start_vllm(policy, tokenizer, cfg, weights=weights, device=device)
         engine = cls(s.llm, tokenizer, expected_names=s.names, dtype=s.dtype,
                      tie_word_embeddings=s.tie_word_embeddings, max_model_len=s.max_model_len,
                      sync_bucket_mb=cfg.sync_bucket_mb, enable_sleep=cfg.enable_sleep, sleep_level=cfg.sleep_level,
                      model_dir=str(s.model_dir), owns_model_dir=True, dist_was_initialized=s.dist_was_initialized,
-                     sleep_supported=s.sleep_supported)
+                     sleep_supported=s.sleep_supported, lora_sync=cfg.lora_sync)
         engine.weights_loaded = weights == "files"
         engine.stats.extra.update(s.record, platform=s.platform, start_weights=weights)
         log.info("vLLM engine ready: %s, %s, max_model_len %d, sleep mode %s, built in %.1f s (model dir %s)",
@@ -146,8 +151,9 @@ class VLLMEngine(RolloutEngine):
         return SamplingParams(**kw)
 
     def _request_kwargs(self) -> dict[str, Any]:
-        """Extra ``LLM.generate`` arguments (the LoRA request of ``rollout.lora_sync=adapter``)."""
-        return {}
+        """Extra ``LLM.generate`` arguments: the LoRA request of ``rollout.lora_sync=adapter``."""
+        current = None if self.adapters is None else self.adapters.current
+        return {"lora_request": current} if current is not None else {}
 
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         if not prompt_ids:
@@ -214,13 +220,26 @@ class VLLMEngine(RolloutEngine):
 
     def _load_weights(self, policy) -> None:
         t0 = time.perf_counter()
-        items = named_sync_params(engine_named_params(policy, self.lora_merged), self.tie_word_embeddings)
-        check_names([n for n, _ in items], self.expected_names, where="the vLLM engine (names it was built from)")
-        # LoRA, merged: once the engine holds the frozen base, only the adapted weights can differ.
-        partial = False
-        if self.weights_loaded and self.lora_merged:
-            kept = changed_only(items, policy)  # all of them without LoRA
-            partial, items = len(kept) < len(items), kept
+        plan = self.publisher.plan(policy, holds_base=self.weights_loaded)
+        if plan.items:
+            self._stream(plan.items, partial=plan.kind == "changed")
+        if plan.adapter:
+            if self.adapters is None:
+                self.adapters = AdapterRequests()
+            self.adapters.publish(policy)
+        self.weights_loaded = True
+        self.stats.last_sync_seconds = time.perf_counter() - t0
+        if plan.kind == "adapter":
+            sent = [p for _, p in getattr(policy, "hf", policy).named_parameters() if p.requires_grad]
+            tensors, nbytes = len(sent), sum(p.numel() * p.element_size() for p in sent)
+        else:
+            tensors, nbytes = len(plan.items), plan.nbytes
+        self.stats.extra.update(sync_method="lora_adapter" if plan.kind == "adapter" else self.sync_method,
+                                sync_kind=plan.kind, sync_tensors=tensors, sync_bytes=nbytes)
+
+    def _stream(self, items: list, partial: bool) -> None:
+        """Load ``items`` into the engine by the first route that works (module docstring); a full load
+        must update every engine parameter."""
         methods = [self.sync_method] if self.sync_method else list(self.SYNC_METHODS)
         errors = []
         result = None
@@ -245,10 +264,6 @@ class VLLMEngine(RolloutEngine):
                 raise WeightSyncError(f"vLLM did not update {len(stale)} engine parameter(s) during the sync: "
                                       f"{', '.join(stale[:20])}")
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
-        self.weights_loaded = True
-        self.stats.last_sync_seconds = time.perf_counter() - t0
-        self.stats.extra.update(sync_method=self.sync_method, sync_tensors=len(items),
-                                sync_bytes=sum(nbytes(p) for _, p in items))
 
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
@@ -295,5 +310,7 @@ class VLLMEngine(RolloutEngine):
                     ps.destroy_distributed_environment()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+        if self.adapters is not None:
+            self.adapters.close()
         if self._cleanup is not None:
             self._cleanup()

