@@ -10,7 +10,9 @@ TensorBoard):
 * ``compare-methods``   GRPO, AR, Lopti, AR + Lopti and the token methods on one batch (:mod:`.compare_methods`);
 * ``word-categories``   Fig. 5: reasoning-word categories vs reward over a rollout dump;
 * ``dump``              sample a live batch and write it as a rollout dump (input of the others);
-* ``reproduce``         all of the above into one folder (``make reproduce``: ``--out docs/figures``).
+* ``reproduce``         all of the above into one folder (``make reproduce``: ``--out docs/figures``);
+* ``study``             methods x seeds, both camps of the low-probability-token question (:mod:`.study`):
+  ``study toy`` (the tiny model), ``study kk-mechanism`` / ``kk-run`` / ``kk-report`` (SmolLM2 on K&K).
 
 Inputs: a live batch sampled from ``--model`` (default SmolLM2-135M-Instruct, offline) after
 ``--cold-start-steps`` SFT steps (cached), or ``--dump`` (a rollout dump with token arrays).
@@ -70,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     from arlopti.analysis.reproduce import add_reproduce_args
 
     add_reproduce_args(p)
+    p = sub.add_parser("study", help="methods x seeds on a task: curves, paired tables, mechanism (docs/results.md)")
+    from arlopti.analysis.study import add_study_args
+
+    add_study_args(p)
     return parser
 
 
@@ -87,6 +93,13 @@ def main(argv: list[str] | None = None) -> dict:
         from arlopti.analysis.reproduce import reproduce
 
         return reproduce(args)
+    if args.command == "study":
+        from arlopti.analysis.study_kk_cli import cmd_study
+
+        result = cmd_study(args)
+        print(json.dumps({"command": f"study {args.study_command}", "files": result.get("files")}, indent=1,
+                         default=str))
+        return result
     result = COMMANDS[args.command](args)
     files = result.get("files", {"file": result.get("file")})
     print(json.dumps({"command": args.command, "files": files}, indent=1))

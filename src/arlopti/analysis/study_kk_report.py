@@ -1,0 +1,180 @@
+"""``study kk-report``: the K&K mechanism over batches and the pilot's paired accuracy comparisons.
+
+Reads ``mechanism/batch<b>.json`` and ``pilot/<method>/seed<s>/`` (:mod:`.study_kk`) and writes
+``kk_study.json``, ``kk_tables.md``, ``kk_mechanism.png`` and ``kk_pilot.png``:
+
+* mechanism: per method and bucket, each batch's number and their mean (few batches: no CI, the
+  per-batch values are listed);
+* pilot: per method and seed the final greedy accuracy (``val/kk/mean/greedy/acc`` of the run's
+  ``eval_results.json``) and the train reward per step (``csv/metrics.csv``); against GRPO,
+  :func:`arlopti.eval.compare.compare` seed by seed and over all seeds at once (each seed's sets
+  renamed ``s<seed>/<set>`` in a merged file per method, ``pilot/<method>/merged_eval_results.json``:
+  the pairs are (seed, puzzle), McNemar's b and c summed over them). Only seeds that GRPO also has
+  are compared.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES
+
+ACC_KEY = "val/kk/mean/greedy/acc"
+TOP = BUCKET_NAMES[-1]
+
+
+def _mean(xs):
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def mechanism_summary(folder: Path) -> dict | None:
+    files = sorted(folder.glob("batch*.json"), key=lambda p: int(p.stem[len("batch"):]))
+    if not files:
+        return None
+    batches = [json.loads(f.read_text()) for f in files]
+    methods = list(batches[0]["methods"])
+    out = {}
+    for m in methods:
+        keys = [k for k in batches[0]["methods"][m] if k != "same_update_as"]
+        out[m] = {k: {b: {"per_batch": [x["methods"][m][k][b] for x in batches],
+                          "mean": _mean([x["methods"][m][k][b] for x in batches])} for b in BUCKET_NAMES}
+                  for k in keys}
+        out[m]["same_update_as"] = batches[0]["methods"][m].get("same_update_as")
+    return {"batches": len(batches), "methods": out,
+            "tokens_per_bucket": [x["tokens_per_bucket"] for x in batches],
+            "batch": [x["batch"] for x in batches], "seconds": [x["seconds"] for x in batches],
+            "advantage_source": [x["advantage_source"] for x in batches], "not_measured": batches[0]["not_measured"]}
+
+
+def train_rewards(run_dir: Path) -> list[float]:
+    """``reward/mean`` per rollout step from the run's ``csv/metrics.csv`` (the learner's log)."""
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [float(r["reward/mean"]) for r in rows if r.get("reward/mean")]
+
+
+def merged_eval(files: dict[int, Path], path: Path) -> Path:
+    """One eval_results.json holding every seed's items, set names prefixed ``s<seed>/``."""
+    items = []
+    for seed, f in sorted(files.items()):
+        for it in json.loads(f.read_text())["items"]:
+            items.append({**it, "set": f"s{seed}/{it['set']}"})
+    path.write_text(json.dumps({"items": items}))
+    return path
+
+
+def pilot_summary(folder: Path, baseline: str = "grpo") -> dict | None:
+    from arlopti.eval.compare import compare
+
+    runs: dict[str, dict[int, Path]] = {}
+    for f in sorted(folder.glob("*/seed*/eval_results.json")):
+        runs.setdefault(f.parent.parent.name, {})[int(f.parent.name[len("seed"):])] = f.parent
+    if baseline not in runs:
+        return None
+    out = {}
+    for m, by_seed in runs.items():
+        entry = {"seeds": sorted(by_seed),
+                 "accuracy": {s: json.loads((d / "eval_results.json").read_text())["metrics"][ACC_KEY]
+                              for s, d in sorted(by_seed.items())},
+                 "train_reward": {s: train_rewards(d) for s, d in sorted(by_seed.items())},
+                 "train_s": {s: json.loads((d / "pilot_run.json").read_text())["train_s"] for s, d in by_seed.items()
+                             if (d / "pilot_run.json").exists()}}
+        entry["mean_accuracy"] = _mean(list(entry["accuracy"].values()))
+        common = sorted(set(by_seed) & set(runs[baseline]))
+        if m != baseline and common:
+            entry["vs_" + baseline] = {
+                "per_seed": {s: compare(runs[baseline][s] / "eval_results.json", by_seed[s] / "eval_results.json")
+                             ["modes"]["greedy"][-1] for s in common},
+                "pooled": compare(merged_eval({s: runs[baseline][s] / "eval_results.json" for s in common},
+                                              folder / baseline / "merged_eval_results.json"),
+                                  merged_eval({s: by_seed[s] / "eval_results.json" for s in common},
+                                              folder / m / "merged_eval_results.json"))["modes"]["greedy"][-1]}
+        out[m] = entry
+    return out
+
+
+# ------------------------------------------------------------------------------------------ tables, figures
+def _f(v, fmt="{:.3f}"):
+    return "–" if v is None else fmt.format(v)
+
+
+def mechanism_markdown(mech: dict) -> str:
+    lines = [f"| method | mass share [0, .25] / (.75, 1] | norm share [0, .25] / (.75, 1] | ‖g_b‖ "
+             f"{' / '.join(BUCKET_LABELS)} | A>0 rose (.75, 1], per batch | mean Δp A>0 (.75, 1] | A<0 fell (.75, 1] |",
+             "|---|---|---|---|---|---|---|"]
+    low = BUCKET_NAMES[0]
+    for m, e in mech["methods"].items():
+        norms = " / ".join(_f(e["bucket_grad_norm"][b]["mean"], "{:.3g}") for b in BUCKET_NAMES)
+        rose = ", ".join(_f(v, "{:.2f}") for v in e["pos_frac"][TOP]["per_batch"])
+        lines.append(f"| {m} | {_f(e['mass_share'][low]['mean'])} / {_f(e['mass_share'][TOP]['mean'])} | "
+                     f"{_f(e['norm_share'][low]['mean'])} / {_f(e['norm_share'][TOP]['mean'])} | {norms} | {rose} | "
+                     f"{_f(e['delta_p_pos_mean'][TOP]['mean'], '{:+.2e}')} | {_f(e['neg_frac'][TOP]['mean'], '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def pilot_markdown(pilot: dict, baseline: str = "grpo") -> str:
+    lines = [f"| method | greedy accuracy per seed | mean | pooled Δ vs {baseline} [95% CI] | McNemar p "
+             f"({baseline} only / method only) | per-seed Δ |", "|---|---|---|---|---|---|"]
+    for m, e in pilot.items():
+        accs = ", ".join(f"s{s}: {a:.3f}" for s, a in e["accuracy"].items())
+        v = e.get("vs_" + baseline)
+        if v is None:
+            lines.append(f"| {m} | {accs} | {_f(e['mean_accuracy'])} | – | – | – |")
+            continue
+        p = v["pooled"]
+        mc = p["mcnemar"]
+        per = ", ".join(f"{r['diff']:+.3f}" for r in v["per_seed"].values())
+        lines.append(f"| {m} | {accs} | {_f(e['mean_accuracy'])} | {p['diff']:+.3f} [{p['ci95'][0]:+.3f}, "
+                     f"{p['ci95'][1]:+.3f}] | {mc['p']:.3g} ({mc['a_only']} / {mc['b_only']}) | {per} |")
+    return "\n".join(lines)
+
+
+def plot_kk(mech: dict | None, pilot: dict | None):
+    """Left: the top bucket's A > 0 'rose' fraction per method and batch (Fig. 3); middle: ‖g_b‖ by bucket
+    (mean over batches); right: the pilot's train reward per step, one line per run."""
+    from arlopti.analysis.study_figures import bucket_bars, plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
+    if mech:
+        names = list(mech["methods"])
+        for i, m in enumerate(names):
+            vals = mech["methods"][m]["pos_frac"][TOP]["per_batch"]
+            axes[0].plot([i] * len(vals), vals, "o", color="black" if m == "grpo" else "tab:blue", alpha=0.7)
+        axes[0].set_xticks(range(len(names)), names, rotation=60, fontsize=7)
+        axes[0].axhline(0.5, color="gray", ls="--", lw=0.8)
+        axes[0].set_title("(.75, 1]: A > 0 tokens whose p rose, each batch", fontsize=9)
+        bucket_bars(axes[1], {m: [e["bucket_grad_norm"][b]["mean"] or 0.0 for b in BUCKET_NAMES]
+                        for m, e in mech["methods"].items()}, "‖g_b‖ of each method's loss by bucket", "norm")
+        axes[1].legend(fontsize=6, ncol=2)
+    if pilot:
+        cmap = plt.get_cmap("tab10")
+        for i, (m, e) in enumerate(pilot.items()):
+            for j, (s, r) in enumerate(e["train_reward"].items()):
+                axes[2].plot(range(1, len(r) + 1), r, color=cmap(i), alpha=0.8, label=m if j == 0 else None)
+        axes[2].set_xlabel("rollout step")
+        axes[2].set_title("pilot: train reward per step (one line per seed)", fontsize=9)
+        axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def kk_report(args) -> dict:
+    from arlopti.analysis.study_figures import save
+
+    out = Path(args.out)
+    mech = mechanism_summary(out / "mechanism")
+    pilot = pilot_summary(out / "pilot")
+    md = ["# Study, K&K at CPU scale (SmolLM2-135M-Instruct after the demo's cold start)\n"]
+    if mech:
+        md += [f"## Mechanism: every method's first update on the same {mech['batches']} batches\n",
+               mechanism_markdown(mech)]
+    if pilot:
+        md += ["\n## Learning pilot: final greedy validation accuracy, paired by puzzle\n", pilot_markdown(pilot)]
+    result = {"mechanism": mech, "pilot": pilot, "files": {"png": save(plot_kk(mech, pilot), out / "kk_study.png")}}
+    (out / "kk_study.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
+    (out / "kk_tables.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return result

@@ -1,0 +1,101 @@
+"""The study's first-step mechanism on the tiny model: ``compare-methods`` on each seed's first batch.
+
+For seed ``s``: the tiny model as every run of seed ``s`` starts (``model.tiny.seed = s``) and the
+batch every such run trains on at its first rollout step (the same prompts, the same rollout seed,
+the same weights: :func:`first_batch` rebuilds it through the same rollout source, and
+tests/analysis/test_study.py checks its mean reward against the runs' own step-0 log). On it,
+:func:`arlopti.analysis.compare_methods.compare_methods` measures each method's first update from
+those weights: the multiplier c_t per bucket, the gradient-mass share Σ|c·A|(1 − p), the share of
+the first step's gradient ⟨g_b, g⟩/‖g‖², and after the update the Fig. 3 fractions and the mean Δp
+by sign of A. The optimizer is the runs' (AdamW at their learning rate, a fresh state, one step
+per phase), so the update is the runs' first step on one mini-batch holding the whole batch.
+
+Each method is measured with its own settings (its experiment file's token-method fields, AR's α,
+Lopti's η: :func:`shared_settings`), all in one ``compare-methods`` call, so methods whose first step is
+the same are computed once. A method that ``compare-methods`` does not know is listed under
+``not_measured``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from arlopti.analysis.study_runs import ToySizes, initial_weights, run_config
+from arlopti.analysis.study_task import TASK_NAME, FirstHalfData
+from arlopti.config import AlgorithmConfig, TokenMethodConfig
+
+#: What the study keeps of a compare-methods entry, each a dict per bucket.
+MECHANISM_KEYS = ("effective_weight", "mass_share", "norm_share", "bucket_grad_norm", "pos_frac", "neg_frac",
+                  "delta_p_pos_mean", "delta_p_neg_mean")
+
+
+def first_batch(seed: int, sizes: ToySizes, tokenizer, warm_cache=None):
+    """``(policy, AnalysisBatch)``: seed ``s``'s initial tiny model (warm-started as the runs are)
+    and its first rollout batch (module docstring), with GRPO advantages."""
+    from arlopti.algorithms import grpo_advantages
+    from arlopti.analysis.inputs import AnalysisBatch
+    from arlopti.learner.experience import build_experience
+    from arlopti.learner.policy import PolicyLM, disable_dropout
+    from arlopti.models.loading import load_causal_lm
+    from arlopti.rollout.source import HFRollouts
+    from arlopti.tasks.base import get_task
+
+    cfg = run_config(AlgorithmConfig(), seed, sizes)
+    model = load_causal_lm("tiny", tokenizer, dtype="float32", tiny=cfg.model.tiny)
+    disable_dropout(model)
+    policy = PolicyLM(model, cfg.model.logprob_impl)
+    initial_weights(policy, tokenizer, seed, sizes, warm_cache)
+    data = FirstHalfData(n=sizes.prompts, tokenizer=tokenizer, prompts_per_step=sizes.prompts_per_step,
+                         max_prompt_length=256, seed=seed)
+    data.setup("fit")
+    prompts = next(iter(data.train_dataloader()))
+    groups = HFRollouts.build(cfg.rollout, policy, tokenizer, sizes.group_size).collect(policy, 0, 0, prompts).groups
+    flat = [e for es in groups for e in es]
+    results = get_task(TASK_NAME).score([e.text for e in flat], [None] * len(flat), [{}] * len(flat))
+    exp = build_experience(prompts.prompt_ids, groups, results, pad_id=tokenizer.pad_token_id)
+    batch = AnalysisBatch(exp.input_ids, exp.attention_mask, exp.response_mask, exp.prompt_len, exp.rewards,
+                          exp.group_ids, grpo_advantages(exp.rewards, exp.group_ids), "grpo", sizes.temperature,
+                          exp.response_texts)
+    return policy, batch
+
+
+def shared_settings(algos: dict[str, AlgorithmConfig]) -> tuple[float, float, TokenMethodConfig]:
+    """``(alpha, eta, token_cfg)`` for one ``compare-methods`` call over all ``algos``: AR's α of the
+    methods with AR, Lopti's η of those with Lopti, and every method's own token-method fields (each
+    experiment file sets only its method's fields). Two methods disagreeing on one of them is an error."""
+    def one(values: set, what: str, default: float) -> float:
+        if len(values) > 1:
+            raise ValueError(f"the methods set different {what} {sorted(values)}: study them in separate runs")
+        return values.pop() if values else default
+
+    alpha = one({a.ar_alpha for a in algos.values() if a.ar_alpha > 0}, "AR alphas", 0.3)
+    eta = one({a.lopti.eta for a in algos.values() if a.lopti.enabled}, "Lopti etas", 0.5)
+    default, merged = asdict(TokenMethodConfig()), {}
+    for name, a in algos.items():
+        for key, value in asdict(a.token_method).items():
+            if key != "name" and value != default[key]:
+                if key in merged and merged[key] != value:
+                    raise ValueError(f"kk_{name} sets token_method.{key}={value}, another method {merged[key]}")
+                merged[key] = value
+    return alpha, eta, TokenMethodConfig(**{**default, **merged})
+
+
+def mechanism_entry(entry: dict) -> dict:
+    """The per-bucket numbers the study keeps of one ``compare-methods`` entry."""
+    return {k: entry[k] for k in MECHANISM_KEYS}
+
+
+def seed_mechanism(seed: int, algos: dict[str, AlgorithmConfig], sizes: ToySizes, tokenizer, warm_cache=None) -> dict:
+    """``{"batch", "tokens_per_bucket", "methods": {method: per-bucket numbers}, "not_measured"}`` of one
+    seed: one ``compare-methods`` call (:func:`shared_settings`) over the methods it knows."""
+    from arlopti.analysis.compare_methods import METHODS, compare_methods
+
+    policy, batch = first_batch(seed, sizes, tokenizer, warm_cache)
+    known = {m: a for m, a in algos.items() if m in METHODS}
+    alpha, eta, token_cfg = shared_settings(known)
+    r = compare_methods(policy, batch, tuple(known), alpha, eta, "adamw", sizes.lr,
+                        micro_batch_size=sizes.mini_batch_size, token_cfg=token_cfg)
+    return {"batch": {k: v for k, v in batch.summary().items() if k != "model_info"},
+            "tokens_per_bucket": r["tokens_per_bucket"],
+            "methods": {m: mechanism_entry(e) for m, e in r["methods"].items()},
+            "not_measured": [m for m in algos if m not in METHODS]}

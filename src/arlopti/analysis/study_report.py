@@ -1,0 +1,63 @@
+"""The toy study's folder: ``study.json`` (every number), ``tables.md`` and the three figures.
+
+Reads each run's ``steps.jsonl`` and each seed's ``mechanism/seed<s>.json`` back from the folder, so the
+report can be rebuilt from the files alone (tests/analysis/test_study.py checks it against the runs'
+``metrics.csv``, the learner's own log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from arlopti.analysis.study_figures import plot_curves, plot_mechanism, plot_paired, save
+from arlopti.analysis.study_tables import (in_training_markdown, learning_markdown, mechanism_markdown,
+                                           mechanism_table, method_table, run_summary)
+
+
+def read_rows(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _caption(sizes, seeds: list[int], args) -> str:
+    warm = f"warm start {sizes.warm_start_steps} SFT steps" if sizes.warm_start_steps else "no warm start"
+    return (f"tiny model, first-half task, {warm}; {len(seeds)} seeds; {sizes.steps} rollout steps of "
+            f"{sizes.prompts_per_step} prompts x {sizes.group_size}, {sizes.max_new_tokens} tokens at T={sizes.temperature:g}, "
+            f"AdamW lr {sizes.lr:g}, two mini-batches per step; threshold {args.threshold:g}")
+
+
+def write_toy_report(out: Path, methods: list[str], seeds: list[int], sizes, args, timings: dict) -> dict:
+    runs = {m: {s: run_summary(read_rows(out / "runs" / m / f"seed{s}"), args.threshold, args.final_window)
+                for s in seeds} for m in methods}
+    learning = method_table(runs, seeds)
+    mech_files = [out / "mechanism" / f"seed{s}.json" for s in seeds]
+    per_seed = [json.loads(f.read_text()) for f in mech_files if f.exists()]
+    mechanism = mechanism_table(per_seed) if len(per_seed) == len(seeds) else None
+    caption = _caption(sizes, seeds, args)
+    files = {"curves": save(plot_curves(learning, caption), out / "curves.png"),
+             "paired": save(plot_paired(learning, caption=caption), out / "paired.png"),
+             "mechanism": save(plot_mechanism(learning, mechanism, caption), out / "mechanism.png")}
+    command = "python -m arlopti.analysis " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["study"] else None
+    study = {"setting": "toy", "command": command, "caption": caption, "methods": methods, "seeds": seeds,
+             "sizes": asdict(sizes), "threshold": args.threshold, "final_window": args.final_window,
+             "learning": learning, "mechanism": mechanism,
+             "per_run": {m: {str(s): {k: v for k, v in r.items() if k != "in_training"} for s, r in by.items()}
+                         for m, by in runs.items()},
+             "timings_s": {**timings, "run_s_total": sum(timings["run_s"]), "workers": args.workers,
+                           "threads_per_worker": args.threads},
+             "load_avg_1_5_15_at_end": list(os.getloadavg()), "cpu_count": os.cpu_count(), "files": files}
+    (out / "study.json").write_text(json.dumps(study, indent=1, default=str) + "\n")
+    md = [f"# Study, controlled setting\n\n{caption}\n\nCommand: `{command}`\n",
+          "## Learning (paired over seeds)\n", learning_markdown(learning, args.threshold),
+          "\n## In training: Fig. 3 by bucket, pooled over each run's steps\n", in_training_markdown(learning)]
+    if mechanism is not None:
+        md += ["\n## First step from the same weights (compare-methods on each seed's first batch)\n",
+               mechanism_markdown(mechanism)]
+        if mechanism["not_measured"]:
+            md.append(f"\nNot measured by compare-methods: {', '.join(mechanism['not_measured'])}.")
+    (out / "tables.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return study
