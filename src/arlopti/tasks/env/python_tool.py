@@ -1,0 +1,266 @@
+"""Run model-written Python in a throwaway directory, in a killable subprocess with limits.
+
+The runner of the built-in "math with a Python tool" environments (:mod:`arlopti.tasks.env.math_tool`,
+ToRL / ReTool style): :func:`run_python` writes the code to ``main.py`` in a fresh temporary
+directory and runs it in a new interpreter, in a session (process group) of its own, and returns a
+:class:`RunResult` whose :meth:`RunResult.reply` is what the model is shown. Standard library only:
+
+* **limits** (:class:`PythonLimits`): CPU seconds (``RLIMIT_CPU``), an address-space cap
+  (``RLIMIT_AS``), the largest file it may write (``RLIMIT_FSIZE``), open files (``RLIMIT_NOFILE``),
+  no core files; a wall-clock deadline (the parent SIGKILLs the whole process group, and the child's
+  own ``alarm`` ends it should the parent die); an output cap (the parent stops reading and kills it
+  once more than ``max_output_bytes`` arrived, so a 100 MB print costs a few KB);
+* **a stripped environment**: ``python -I -B`` (no ``PYTHON*`` variables, no user site, no
+  bytecode written), a minimal ``env`` (``PATH``, ``HOME`` and ``TMPDIR`` = the directory, one BLAS
+  thread), stdin from ``/dev/null``, the working directory deleted afterwards; the interpreter is
+  ``sys.executable``, so the packages of this environment (sympy, numpy) import;
+* **a guard against accidents** (a :func:`sys.addaudithook` hook installed before the code runs,
+  which code cannot remove): it refuses sockets, new processes (``fork``, ``subprocess``,
+  ``os.system``, ``exec``), signals to other processes, raising the limits, and writes, deletes,
+  renames or links outside the working directory. Each refusal is a ``PermissionError`` in the
+  model's traceback. ``RLIMIT_NPROC`` is not used: it counts every process of the user and does
+  not bind root, which most containers run as; the guard stops a fork bomb at its first fork.
+
+**This is not a security sandbox.** Python's audit hooks are documented as unfit for one: code
+that loads a C library (``ctypes``, a compiled extension) or finds another path the hook does not
+see runs with the trainer's user rights. It is for a model's honest mistakes (an infinite loop, a
+memory hog, a stray ``open("out.txt", "w")`` in the repository). Where code may be hostile, run it
+in a container with no network and a read-only root (``docker run --network none --read-only``),
+gVisor (``runsc``), ``firejail --net=none --private``, nsjail, or a remote sandbox service
+(e.g. SandboxFusion, E2B, Modal); docs/multi_turn_envs.md says how to plug one in.
+
+Each call is independent (no state carries from one code block to the next), as in ToRL. When the
+code's last statement is an expression its value is printed, as in a notebook (``echo_last=True``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+STATUSES = ("ok", "error", "memory", "timeout", "output_limit")
+# The child's exit code after a MemoryError (an exception exits 1). Code that itself exits 86 reads as
+# "memory": only the reply's last line differs.
+_EXIT_MEMORY = 86
+
+
+@dataclass(frozen=True)
+class PythonLimits:
+    """What one run may use. Every value must be > 0."""
+
+    cpu_s: float = 5.0  # CPU seconds (RLIMIT_CPU; the child is killed past it)
+    wall_s: float = 10.0  # wall-clock seconds from start to kill (a sleeping loop uses no CPU)
+    memory_mb: int = 1024  # address space (RLIMIT_AS); sympy + numpy need about 300 MB
+    max_output_bytes: int = 8192  # stdout + stderr kept; past it the run is stopped and the reply truncated
+    max_file_mb: int = 16  # the largest file the code may write (RLIMIT_FSIZE)
+    max_open_files: int = 256  # RLIMIT_NOFILE
+
+    def __post_init__(self):
+        for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_mb", "max_open_files"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"PythonLimits.{name}={value!r}: expected a number > 0")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run: ``output`` (stdout and stderr interleaved, at most ``max_output_bytes``, decoded),
+    ``status`` (one of :data:`STATUSES`), the exit code (negative: the signal that ended it; None:
+    killed by the parent), the wall seconds, and the limits it ran under."""
+
+    output: str
+    status: str
+    exit_code: int | None
+    seconds: float
+    limits: PythonLimits
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def timed_out(self) -> bool:
+        return self.status == "timeout"
+
+    def reply(self) -> str:
+        """What the model is shown: the output, then one line saying why the run stopped, if it
+        did not end normally (the traceback of an error is already in the output)."""
+        note = {
+            "timeout": f"TimeoutError: the code was stopped after {self.limits.wall_s:g} s (wall clock) or "
+                       f"{self.limits.cpu_s:g} s of CPU time",
+            "output_limit": f"[output truncated: more than {self.limits.max_output_bytes} bytes; the code was "
+                            "stopped]",
+            "memory": f"(memory limit: {self.limits.memory_mb} MB)",
+        }.get(self.status)
+        if note is None:
+            return self.output
+        return f"{self.output.rstrip()}\n{note}" if self.output.strip() else note
+
+
+# The child: limits, then the guard, then the code. Run as ``python -I -B -u -c _CHILD <limits...>``
+# in the working directory, which holds main.py. Kept short; the module docstring says what it does.
+_CHILD = r'''
+import ast, os, resource, signal, sys, traceback
+cpu, mem, fsize, nofile, wall, echo = sys.argv[1:7]
+for lim, soft, hard in ((resource.RLIMIT_CPU, int(cpu), int(cpu) + 1), (resource.RLIMIT_AS, int(mem), int(mem)),
+                        (resource.RLIMIT_FSIZE, int(fsize), int(fsize)), (resource.RLIMIT_NOFILE, int(nofile),
+                        int(nofile)), (resource.RLIMIT_CORE, 0, 0)):
+    resource.setrlimit(lim, (soft, hard))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write raises OSError instead of killing
+signal.alarm(int(wall))  # ends the run even if the parent is gone
+ROOT = os.path.realpath(os.getcwd())
+WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+REFUSED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
+           "os.kill", "os.killpg", "resource.setrlimit", "resource.prlimit", "os.startfile"}
+PATHS = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1),
+         "os.symlink": (1,), "os.chmod": (0,), "os.chown": (0,), "os.truncate": (0,), "os.utime": (0,),
+         "os.mkfifo": (0,), "os.mknod": (0,), "shutil.rmtree": (0,), "os.setxattr": (0,), "os.removexattr": (0,)}
+def inside(path):
+    if isinstance(path, int):
+        return True
+    try:
+        real = os.path.realpath(os.fsdecode(path))
+    except Exception:
+        return False
+    return real == ROOT or real.startswith(ROOT + os.sep) or real == os.devnull
+def guard(event, args):
+    if event.startswith("socket."):
+        raise PermissionError(f"networking is disabled in this Python tool ({event})")
+    if event in REFUSED:
+        raise PermissionError(f"{event} is disabled in this Python tool (no new processes, signals or limits)")
+    if event == "open":
+        path, mode, flags = args
+        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & WRITE
+        paths = [path] if writes else []
+    else:
+        paths = [args[i] for i in PATHS.get(event, ()) if i < len(args)]
+    for path in paths:
+        if not inside(path):
+            raise PermissionError(f"{event} on {path!r}: only the working directory may be changed")
+source = open("main.py", encoding="utf-8", errors="replace").read()
+sys.addaudithook(guard)
+scope = {"__name__": "__main__", "__builtins__": __builtins__}
+try:
+    tree = ast.parse(source, "main.py")
+    last = tree.body.pop() if echo == "1" and tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, "main.py", "exec"), scope)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), "main.py", "eval"), scope)
+        if value is not None:
+            print(repr(value))
+except SystemExit:
+    raise
+except BaseException as err:
+    tb = None if isinstance(err, SyntaxError) else err.__traceback__.tb_next  # from the user's frame on
+    traceback.print_exception(type(err), err, tb)
+    sys.exit(86 if isinstance(err, MemoryError) else 1)
+'''
+
+
+def stripped_env(workdir: str) -> dict[str, str]:
+    """The child's whole environment: nothing of the trainer's (no tokens, no proxies, no CUDA)."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg"}
+
+
+def _has_exited(pid: int) -> bool:
+    """Whether the child has exited, without reaping it (``WNOWAIT``): until it is reaped its pid stays
+    taken, so the process-group kill that follows cannot hit a stranger."""
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's whole process group (whatever it left behind too), then reap the child."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL cannot end (uninterruptible IO)
+        pass
+
+
+def _read_bounded(proc: subprocess.Popen, limit: int, deadline: float) -> tuple[bytes, str | None]:
+    """The child's output until it has exited and its output is drained (None), the deadline passes
+    ("timeout") or more than ``limit`` bytes arrived ("output_limit"); at most ``limit`` bytes are
+    kept. A process it left behind holding the pipe open does not keep the run going."""
+    fd = proc.stdout.fileno()
+    poller = select.poll()  # not select.select: a trainer's descriptors can pass FD_SETSIZE (1024)
+    poller.register(fd, select.POLLIN)
+    kept, size, exited = bytearray(), 0, False
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return bytes(kept), "timeout"
+        if not poller.poll(0 if exited else min(50, max(1, int(left * 1000)))):
+            if exited:
+                return bytes(kept), None
+            exited = _has_exited(proc.pid)  # checked once more after it: what it wrote last is read
+            continue
+        data = os.read(fd, 65536)
+        if not data:
+            return bytes(kept), None if exited or _wait_exit(proc.pid, deadline) else "timeout"
+        size += len(data)
+        kept += data[: max(0, limit - len(kept))]
+        if size > limit:
+            return bytes(kept), "output_limit"
+
+
+def _wait_exit(pid: int, deadline: float) -> bool:
+    """Wait (unreaped) until the child exits or ``deadline`` passes: it closed its output, and exits
+    now, unless it closed its output and went on."""
+    while not _has_exited(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _status(stopped: str | None, code: int | None) -> str:
+    if stopped is not None:
+        return stopped
+    if code == 0:
+        return "ok"
+    if code in (-signal.SIGXCPU, -signal.SIGKILL, -signal.SIGALRM):  # the CPU limit or the child's own alarm
+        return "timeout"
+    return "memory" if code == _EXIT_MEMORY else "error"
+
+
+def run_python(code: str, limits: PythonLimits | None = None, *, echo_last: bool = True,
+               python: str | None = None) -> RunResult:
+    """Run ``code`` under ``limits`` (module docstring) and return what happened. Never raises for
+    anything the code does; never outlives ``limits.wall_s`` by more than the kill and clean-up."""
+    limits = limits or PythonLimits()
+    if not isinstance(code, str):
+        raise TypeError(f"run_python: code must be a str, got {type(code).__name__}")
+    start = time.monotonic()
+    deadline = start + limits.wall_s
+    with tempfile.TemporaryDirectory(prefix="arlopti-py-", ignore_cleanup_errors=True) as workdir:
+        Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="surrogatepass")
+        args = [str(math.ceil(limits.cpu_s)), str(int(limits.memory_mb) * 2**20), str(int(limits.max_file_mb) * 2**20),
+                str(int(limits.max_open_files)), str(math.ceil(limits.wall_s) + 1), "1" if echo_last else "0"]
+        proc = subprocess.Popen([python or sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _CHILD, *args],
+                                cwd=workdir, env=stripped_env(workdir), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                close_fds=True)
+        try:
+            out, stopped = _read_bounded(proc, int(limits.max_output_bytes), deadline)
+        finally:
+            _kill_group(proc)
+            proc.stdout.close()
+    code_ = proc.returncode if stopped is None else None
+    text = out.decode("utf-8", errors="replace")
+    return RunResult(text, _status(stopped, code_), code_, time.monotonic() - start, limits)
+
+
+__all__ = ["STATUSES", "PythonLimits", "RunResult", "run_python", "stripped_env"]
