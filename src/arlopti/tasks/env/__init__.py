@@ -1,0 +1,15 @@
+"""Environments for multi-turn episodes (``task.env``; docs/multi_turn.md).
+
+* :mod:`arlopti.tasks.env.base`: the two contracts, the text one (:class:`TextEnv`) and TRL's
+  ``environment_factory`` one (:class:`ToolEnv`), and :class:`EnvError`;
+* :mod:`arlopti.tasks.env.tools`: a TRL environment's tools, their JSON schema and the parsing of
+  the model's tool calls;
+* :mod:`arlopti.tasks.env.loading`: ``task.env=path/to/file.py:Class`` / ``module:Class`` and the
+  classes handed to ``arlopti.run(env=...)``.
+
+The turn loop that runs them is :mod:`arlopti.rollout.turns`.
+"""
+
+from arlopti.tasks.env.base import RESERVED_METHODS, EnvError, TextEnv, ToolEnv, is_text_env
+
+__all__ = ["EnvError", "RESERVED_METHODS", "TextEnv", "ToolEnv", "is_text_env"]
