@@ -159,3 +159,80 @@ def test_unknown_estimator_is_a_config_error_listing_the_known_ones():
     cfg.algorithm.advantage = "reinforce++"
     with pytest.raises(ConfigError, match="algorithm.advantage='reinforce\\+\\+'.*'reinforce_pp'"):
         validate_run(cfg)
+
+
+# ------------------------------------------------------------------------------ OTB (arXiv 2602.07078)
+
+from collections import defaultdict  # noqa: E402
+
+from arlopti.algorithms.advantages import OldPolicyStats, otb_advantages, otb_token_weights  # noqa: E402
+
+
+def verl_otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared, epsilon=1e-8):
+    """verl's compute_optimal_token_baseline_advantage (handle_zero_tail=False, no rollout IS), restated."""
+    returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
+    w_cum = (w * response_mask).cumsum(dim=-1)
+    groups = defaultdict(list)
+    for i in range(len(index)):
+        groups[index[i]].append(i)
+    baselines = torch.zeros_like(returns)
+    for rows in groups.values():
+        if len(rows) == 1:
+            continue
+        t = torch.tensor(rows)
+        num = (returns[t] * w_cum[t] * response_mask[t]).sum(0)
+        den = (w_cum[t] * response_mask[t]).sum(0) + epsilon
+        baselines[t] = (num / den).unsqueeze(0).expand(len(rows), -1)
+    return (returns - baselines) * response_mask
+
+
+def _otb_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    b, t = 7, 6
+    lengths = torch.tensor([6, 3, 5, 1, 6, 4, 2])
+    mask = (torch.arange(t) < lengths.unsqueeze(1)).float()
+    rewards = torch.tensor([1.0, 0.0, 1.0, 0.5, 0.0, 1.0, 0.3])
+    ids = torch.tensor([0, 0, 0, 1, 1, 1, 2])  # a group of one (id 2)
+    logits = torch.randn(b, t, 5, generator=g) * 2
+    probs = torch.softmax(logits, -1)
+    old = torch.log(probs[..., 0])
+    sum_p2 = (probs ** 2).sum(-1)
+    return outcome_token_rewards(rewards, mask), mask, ids, old, sum_p2
+
+
+def test_otb_equals_verl():
+    rewards, mask, ids, old, sum_p2 = _otb_batch()
+    ours = otb_advantages(rewards, mask, ids, old=OldPolicyStats(old, sum_p2))
+    ref = verl_otb(rewards, mask, ids.tolist(), old, sum_p2)
+    torch.testing.assert_close(ours, ref.float(), rtol=1e-6, atol=1e-6)
+    assert ours[6].tolist() == pytest.approx([0.3, 0.3, 0, 0, 0, 0])  # a group of one: A = G (its reward-to-go)
+    assert torch.all(ours[mask == 0] == 0)
+
+
+def test_otb_by_hand():
+    # one group of two, one token each: G = r; W = 1 - 2 p + sum p^2; B = (r1 W1 + r2 W2) / (W1 + W2)
+    rewards = torch.tensor([[1.0], [0.0]])
+    mask = torch.ones(2, 1)
+    old = torch.log(torch.tensor([[0.9], [0.5]]))
+    sum_p2 = torch.tensor([[0.82], [0.5]])  # [0.9, 0.1] and [0.5, 0.5]
+    w1, w2 = 1 - 1.8 + 0.82, 1 - 1.0 + 0.5  # 0.02 (a confident token) and 0.5
+    b = (1.0 * w1 + 0.0 * w2) / (w1 + w2 + 1e-8)
+    out = otb_advantages(rewards, mask, torch.tensor([0, 0]), old=OldPolicyStats(old, sum_p2))
+    assert out[:, 0].tolist() == pytest.approx([1.0 - b, -b], abs=1e-6)  # float32 output
+    # GRPO's baseline would be the plain mean 0.5: the uncertain response's return dominates OTB's
+    assert b < 0.05
+
+
+def test_otb_weights_at_the_extremes_and_the_needed_inputs():
+    mask = torch.ones(1, 3)
+    # p -> 1 (one-hot): 1 - 2 + 1 = 0; uniform over V = 4: 1 - 0.5 + 0.25 = 0.75; p -> 0 with mass elsewhere ~ 1 + sum p^2
+    old = torch.log(torch.tensor([[1.0, 0.25, 1e-12]]))
+    sum_p2 = torch.tensor([[1.0, 0.25, 1.0]])
+    w = otb_token_weights(OldPolicyStats(old, sum_p2), mask)
+    assert w[0].tolist() == pytest.approx([0.0, 0.75, 2.75])  # cumulative
+    with pytest.raises(ValueError, match="otb needs the old policy's log-probs and sum of p\\^2"):
+        otb_advantages(torch.ones(1, 3), mask, torch.tensor([0]))
+    empty = otb_advantages(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([0, 0]),
+                           old=OldPolicyStats(torch.zeros(2, 3), torch.ones(2, 3)))
+    assert torch.equal(empty, torch.zeros(2, 3))

@@ -193,10 +193,11 @@ def test_losses_without_dual_clip_refuse_one():
 def test_unknown_loss_and_impossible_combinations_are_config_errors():
     from arlopti.config import ConfigError, RunConfig, validate_run
 
-    assert POLICY_LOSSES.names() == ["cispo", "gspo", "ppo_clip"]
+    assert POLICY_LOSSES.names() == ["aspo", "ce_gppo", "cispo", "dppo_kl", "dppo_tv", "gspo", "ppo_clip", "sapo",
+                                     "simko"]
     cfg = RunConfig()
     cfg.algorithm.policy_loss = "grpo"
-    with pytest.raises(ConfigError, match="algorithm.policy_loss='grpo': use 'cispo', 'gspo' or 'ppo_clip'"):
+    with pytest.raises(ConfigError, match="algorithm.policy_loss='grpo': use 'aspo', 'ce_gppo', .* or 'simko'"):
         validate_run(cfg)
     cfg.algorithm.policy_loss, cfg.algorithm.dual_clip = "gspo", None
     with pytest.raises(ConfigError, match="loss_agg=token-mean cannot apply to algorithm.policy_loss=gspo"):

@@ -39,7 +39,8 @@ def grad_of(name, logp=LOGP, old=None, adv=ADV, mask=MASK, entropy=None, **kw):
 
 
 def test_registry_names():
-    assert TOKEN_METHODS.names() == ["archer", "clip_cov", "kl_cov", "none", "reverse", "top_entropy", "tr_grpo"]
+    assert TOKEN_METHODS.names() == ["archer", "clip_cov", "kl_cov", "lp_reg", "none", "reverse", "top_entropy",
+                                     "tr_grpo"]
 
 
 # ------------------------------------------------------------------------------------------ Clip-Cov

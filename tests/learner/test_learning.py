@@ -21,9 +21,12 @@ with ``-s``). The rollout corrections learn exactly as GRPO does here: on the HF
 the engine's and the trainer's log-probs agree, so every weight is 1 (their own effect is tested
 on tensors in tests/algorithms/test_mismatch.py).
 
-The matrix: every estimator x every loss (plain); then GRPO, RLOO, REINFORCE++, GSPO, CISPO and DAPO
-(clip-higher, no KL, dynamic sampling, overlong shaping) each with AR (alpha 0.3) + Lopti
-(eta 0.5); each rollout correction (on the HF engine's own log-probs); KL folded into the reward.
+The matrix: every estimator x every loss of the first release (plain), every later estimator with
+``ppo_clip`` and every later loss with ``grpo`` (the full product would cost ~2 s a pair); then GRPO,
+RLOO, REINFORCE++, GSPO, CISPO and DAPO (clip-higher, no KL, dynamic sampling, overlong shaping) each
+with AR (alpha 0.3) + Lopti (eta 0.5); each rollout correction (on the HF engine's own log-probs); KL
+folded into the reward; the token methods; the low-probability-token rivals (OTB, DPPO, SimKO, Lp-Reg)
+with AR + Lopti, and ASPO with Archer's bounds (Archer2.0).
 """
 
 from __future__ import annotations
@@ -49,7 +52,17 @@ LOSS_SETTINGS = {
     "ppo_clip": {},
     "gspo": dict(clip_low=3e-4, clip_high=4e-4, dual_clip=None, loss_agg="seq-mean-token-mean"),
     "cispo": dict(clip_low=1.0, clip_high=0.28, dual_clip=None),
+    # configs/experiment/kk_<loss>.yaml
+    "dppo_tv": dict(clip_low=0.15, clip_high=0.15),
+    "dppo_kl": dict(clip_low=0.05, clip_high=0.05),
+    "sapo": dict(dual_clip=None, loss_agg="seq-mean-token-mean"),
+    "ce_gppo": dict(clip_high=0.2),
+    "aspo": dict(clip_high=0.2, dual_clip=3.0),
+    "simko": dict(clip_high=0.2, dual_clip=None),
 }
+#: the first release's estimators and losses, whose full product stays in the matrix
+FIRST_ESTIMATORS = ("drgrpo", "grpo", "reinforce_pp", "reinforce_pp_baseline", "rloo")
+FIRST_LOSSES = ("cispo", "gspo", "ppo_clip")
 AR_LOPTI = dict(ar_alpha=0.3, lopti=LoptiConfig(enabled=True, eta=0.5))
 
 
@@ -121,8 +134,12 @@ def _assert_learns(name: str, rewards: list[float]) -> None:
     assert gain > MARGIN, f"{name} did not learn: mean reward {rewards[:3]} ... {rewards[-3:]} (gain {gain:.3f})"
 
 
+def _in_matrix(est: str, loss: str) -> bool:
+    return (est in FIRST_ESTIMATORS and loss in FIRST_LOSSES) or loss == "ppo_clip" or est == "grpo"
+
+
 CASES = [(f"{est}/{loss}", _algorithm(est, loss), False)
-         for est in ADVANTAGE_ESTIMATORS.names() for loss in POLICY_LOSSES.names()]
+         for est in ADVANTAGE_ESTIMATORS.names() for loss in POLICY_LOSSES.names() if _in_matrix(est, loss)]
 CASES += [
     ("grpo+ar+lopti", _algorithm("grpo", "ppo_clip", **AR_LOPTI), False),
     ("rloo+ar+lopti", _algorithm("rloo", "ppo_clip", **AR_LOPTI), False),
@@ -146,11 +163,25 @@ CASES += [
     ("tr_grpo+lopti", _algorithm("grpo", "ppo_clip", lopti=LoptiConfig(enabled=True, eta=0.5),
                                  token_method=TokenMethodConfig(name="tr_grpo")), False),
 ]
+#: The rivals composed (issue 35); Lp-Reg's share is raised so that its k = floor(share * n) > 1 on 32-token batches
+LP_REG = TokenMethodConfig(name="lp_reg", lp_reg_neg_share=0.2)
+CASES += [
+    ("otb+ar+lopti", _algorithm("otb", "ppo_clip", **AR_LOPTI), False),
+    ("dppo_tv+ar+lopti", _algorithm("grpo", "dppo_tv", **AR_LOPTI), False),
+    ("simko+ar+lopti", _algorithm("grpo", "simko", **AR_LOPTI), False),
+    ("aspo+archer", _algorithm("grpo", "aspo", token_method=TokenMethodConfig(
+        name="archer", archer_clip_high_entropy=0.4, archer_high_entropy_kl=1.0)), False),
+    ("grpo+lp_reg", _algorithm("grpo", "ppo_clip", dual_clip=None, token_method=LP_REG), False),
+    ("lp_reg+ar+lopti", _algorithm("grpo", "ppo_clip", dual_clip=None, **AR_LOPTI, token_method=LP_REG), False),
+]
 
 
 def test_every_estimator_and_loss_is_in_the_matrix():
     names = {case[0] for case in CASES}
-    assert all(f"{e}/{p}" in names for e in ADVANTAGE_ESTIMATORS.names() for p in POLICY_LOSSES.names())
+    assert all(f"{e}/ppo_clip" in names for e in ADVANTAGE_ESTIMATORS.names())
+    assert all(f"grpo/{p}" in names for p in POLICY_LOSSES.names())
+    assert all(f"{e}/{p}" in names for e in FIRST_ESTIMATORS for p in FIRST_LOSSES)
+    assert set(LOSS_SETTINGS) == set(POLICY_LOSSES.names())
 
 
 @pytest.mark.parametrize("name,algo,logprobs", CASES, ids=[case[0] for case in CASES])

@@ -4,7 +4,9 @@ Registries (``ADVANTAGE_ESTIMATORS``, ``POLICY_LOSSES``, ``KL_ESTIMATORS``, ``LO
 ``ROLLOUT_CORRECTIONS``) map config names to functions; each function's docstring states its exact
 formula and normaliser. Composition: an estimator makes the token advantages; AR reweights them;
 Lopti's phase masks them; the policy loss turns them into a per-token loss, times the
-rollout-correction weight; the aggregation reduces it (:mod:`.objective`).
+rollout-correction weight; the aggregation reduces it (:mod:`.objective`). The low-probability-token
+rivals register their losses from :mod:`.rival_losses`, Lp-Reg in :mod:`.token_methods`, OTB in
+:mod:`.advantages`; :mod:`.forward_needs` says which full-distribution statistics a config needs.
 """
 
 from arlopti.algorithms.advantages import (broadcast_to_tokens, grpo_advantages, masked_whiten,
@@ -15,6 +17,7 @@ from arlopti.algorithms.isolation import Phase, lopti_masks, phase_plan
 from arlopti.algorithms.kl import kl_penalty
 from arlopti.algorithms.objective import LossConfig, grpo_objective
 from arlopti.algorithms.policy_loss import per_token_policy_loss, policy_loss
+from arlopti.algorithms import rival_losses  # noqa: F401  (registers DPPO-TV/KL, SAPO, CE-GPPO, ASPO, SimKO)
 from arlopti.config.registries import (ADVANTAGE_ESTIMATORS, KL_ESTIMATORS, LOSS_AGGREGATIONS, POLICY_LOSSES,
                                          ROLLOUT_CORRECTIONS)
 from arlopti.algorithms.reweighting import advantage_reweight, ar_weights

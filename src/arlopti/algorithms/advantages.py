@@ -31,6 +31,9 @@ are per token:
 * ``reinforce_pp_baseline`` s_i − mean_g (group of one: mean 0), broadcast to the tokens, then
                             whitened as above (verl's current ``core_algos``,
                             ``compute_reinforce_plus_plus_baseline_outcome_advantage``).
+* ``otb``                   the optimal token baseline: a baseline per group and position, weighted by the
+                            accumulated squared logit-gradient norm (:func:`otb_advantages`). The only
+                            estimator that reads the old policy (``old``: :class:`OldPolicyStats`).
 
 Whitening uses the **global** batch: ``reduce`` sums a tensor over data-parallel ranks (identity on
 one process), so 1 rank and N ranks give the same advantages. ``eps`` (``algorithm.adv_eps``) is
@@ -39,6 +42,7 @@ the group estimators'; the whitening's 1e-8 is fixed, as in the official code.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -82,6 +86,16 @@ def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
 
 
 Reduce = Callable[[Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class OldPolicyStats:
+    """What an estimator may read of the old (rollout-time) policy, ``[B, T]`` each, detached, at the
+    rollout temperature: ``log_probs`` = logπ_old of the sampled tokens and ``sum_p2`` = Σ_v π_old(v)²
+    (the fused log-prob pass's statistic, :class:`arlopti.ops.tile_stats.StatsRequest`)."""
+
+    log_probs: Tensor
+    sum_p2: Tensor | None = None
 
 
 def _local(t: Tensor) -> Tensor:
@@ -131,28 +145,29 @@ def _sequence_scores(token_rewards: Tensor, response_mask: Tensor) -> Tensor:
 
 @ADVANTAGE_ESTIMATORS.register("grpo")
 def _grpo(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
-          gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+          gamma: float = 1.0, reduce: Reduce = _local, old: OldPolicyStats | None = None) -> Tensor:
     scores = _sequence_scores(token_rewards, response_mask)
     return broadcast_to_tokens(grpo_advantages(scores, group_ids, eps=eps, norm_by_std=True), response_mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("drgrpo")
 def _drgrpo(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
-            gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+            gamma: float = 1.0, reduce: Reduce = _local, old: OldPolicyStats | None = None) -> Tensor:
     scores = _sequence_scores(token_rewards, response_mask)
     return broadcast_to_tokens(grpo_advantages(scores, group_ids, eps=eps, norm_by_std=False), response_mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
 def _rloo(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
-          gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+          gamma: float = 1.0, reduce: Reduce = _local, old: OldPolicyStats | None = None) -> Tensor:
     return broadcast_to_tokens(rloo_advantages(_sequence_scores(token_rewards, response_mask), group_ids),
                                response_mask)
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor | None = None, *,
-                            eps: float = 1e-6, gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+                            eps: float = 1e-6, gamma: float = 1.0, reduce: Reduce = _local,
+                            old: OldPolicyStats | None = None) -> Tensor:
     """REINFORCE++ (module docstring): whitened discounted returns; ``group_ids`` and ``eps`` unused."""
     mask = response_mask.to(torch.float32)
     returns = discounted_returns(token_rewards.to(torch.float32), mask, gamma)
@@ -161,11 +176,60 @@ def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor, group_
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp_baseline")
 def reinforce_pp_baseline_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *,
-                                     eps: float = 1e-6, gamma: float = 1.0, reduce: Reduce = _local) -> Tensor:
+                                     eps: float = 1e-6, gamma: float = 1.0, reduce: Reduce = _local,
+                                     old: OldPolicyStats | None = None) -> Tensor:
     """REINFORCE++ with a group-mean baseline (module docstring); ``eps`` and ``gamma`` unused."""
     mask = response_mask.to(torch.float32)
     centred = grpo_advantages(_sequence_scores(token_rewards, mask), group_ids, norm_by_std=False)
     return masked_whiten(broadcast_to_tokens(centred, mask), mask, reduce) * mask
+
+
+#: verl's ``epsilon`` default of ``compute_optimal_token_baseline_advantage`` (not ``algorithm.adv_eps``).
+OTB_EPS = 1e-8
+
+
+def otb_token_weights(old: OldPolicyStats, response_mask: Tensor) -> Tensor:
+    """W_t = Σ_{j ≤ t} m_j·(1 − 2π_old(o_j) + Σ_v π_old(v)²): each step's term is ‖e_{o_j} − π_old‖², the squared
+    norm of ∇_z logπ(o_j) — the quantity behind AR's (1 − p) bound — accumulated along the response."""
+    if old is None or old.sum_p2 is None:
+        raise ValueError("algorithm.advantage=otb needs the old policy's log-probs and sum of p^2 "
+                         "(OldPolicyStats(log_probs, sum_p2) from the old-log-prob pass)")
+    mask = response_mask.to(torch.float64)
+    w = 1.0 - 2.0 * torch.exp(old.log_probs.detach().double()) + old.sum_p2.detach().double()
+    return (w * mask).cumsum(-1)
+
+
+@ADVANTAGE_ESTIMATORS.register("otb")
+def otb_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
+                   gamma: float = 1.0, reduce: Reduce = _local, old: OldPolicyStats | None = None) -> Tensor:
+    """Optimal token baseline (Li et al., arXiv 2602.07078; restated from verl's
+    ``compute_optimal_token_baseline_advantage`` in ``verl/trainer/ppo/core_algos.py`` and its
+    ``docs/algo/otb.md``)::
+
+        G_t  = Σ_{k ≥ t} m_k·r_k                     (reward-to-go, undiscounted)
+        W_t  = :func:`otb_token_weights`              (π_old at the rollout temperature)
+        B_t  = Σ_{i ∈ g} G_i,t·W_i,t·m_i,t / (Σ_{i ∈ g} W_i,t·m_i,t + 1e-8)    per group g and position t
+        A_t  = (G_t − B_t)·m_t
+
+    A response's advantage at position t is its return minus a W-weighted mean of its group's returns
+    at t: a response whose tokens so far were uncertain (large W) pulls the baseline toward its own
+    return. No std normalisation. A group of one has no baseline (A = G, as verl). ``eps`` and ``gamma``
+    are not read (OTB's 1e-8 is verl's default, :data:`OTB_EPS`); the group statistics are per rank
+    (groups are whole on a rank), so ``reduce`` is not needed. Not built: verl's optional rescaling of W
+    by the rollout-correction weight squared, and ``handle_zero_tail`` (off by default in verl's
+    single-turn estimator). Positions are response positions; in a multi-turn episode the environment's
+    tokens (mask 0) add nothing to W but still align the responses by position (verl's
+    ``tir_optimal_token_baseline`` compacts them instead)."""
+    mask = response_mask.to(torch.float64)
+    returns = (token_rewards.double() * mask).flip(-1).cumsum(-1).flip(-1)
+    w = otb_token_weights(old, response_mask) * mask
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    k = int(inverse.max()) + 1 if inverse.numel() else 0
+    num = torch.zeros(k, mask.shape[1], dtype=torch.float64, device=mask.device).index_add_(0, inverse, returns * w)
+    den = torch.zeros_like(num).index_add_(0, inverse, w)
+    size = torch.zeros(k, dtype=torch.float64, device=mask.device).index_add_(0, inverse, torch.ones_like(mask[:, 0]))
+    baseline = torch.where(size[inverse].unsqueeze(-1) > 1, (num / (den + OTB_EPS))[inverse], torch.zeros_like(w))
+    return ((returns - baseline) * mask).to(torch.float32)
 
 
 def broadcast_to_tokens(advantages: Tensor, response_mask: Tensor) -> Tensor:

@@ -3,7 +3,7 @@
     loss = PG(A_phase, m; w) + β · agg(KL ⊙ m_phase, m) − c_H · agg(H ⊙ m_phase, m)
 
 * ``PG`` is :func:`~arlopti.algorithms.policy_loss.policy_loss` (``cfg.policy_loss``: ``ppo_clip``,
-  ``gspo`` or ``cispo``) on the phase's advantages (already zero outside the phase: AR-weighted,
+  ``gspo``, ``cispo`` or a rival of :mod:`.rival_losses`) on the phase's advantages (already zero outside the phase: AR-weighted,
   then Lopti-masked), each token's loss times ``w`` (``token_weight``: the rollout-mismatch
   correction of :mod:`.mismatch`, 1 without one);
 * the β·KL term is there only with ``cfg.kl_in == "loss"``; with ``"reward"`` β already acted on
@@ -18,8 +18,13 @@ With a token method (``cfg.token_method.name`` other than ``none``, :mod:`.token
 :class:`~.token_methods.TokenShaping` is computed from this call's own (detached) inputs and
 applied: ``A ← w·A``, the keep mask multiplies each token's policy loss (with ``token_weight``),
 per-token clip bounds replace ``clip_low``/``clip_high``, the KL term is weighted per token, and
-KL-Cov's ``κ_t·|logπ − logπ_old|`` is added under the same aggregation. Without one
-(``token_method.name=none``), the result is bit-identical to before the field existed.
+KL-Cov's ``κ_t·|logπ − logπ_old|`` and Lp-Reg's ``κ_t·KL_lv(π ‖ π′)`` are added under the same
+aggregation. Without one (``token_method.name=none``), the result is bit-identical to before the
+field existed.
+
+``dist`` (:class:`arlopti.ops.tile_stats.TokenStats` of this forward, from the fused log-prob pass):
+the full-distribution statistics a method reads — SimKO's top-K log-probs (with their gradient),
+Lp-Reg's proxy log-probs. :func:`arlopti.algorithms.forward_needs.forward_stats` says which a config needs.
 
 ``scale`` and ``horizon`` are forwarded to :func:`~arlopti.algorithms.aggregation.aggregate`
 (the learner passes the mini-batch-wide, all-rank count there).
@@ -43,8 +48,10 @@ from arlopti.algorithms.aggregation import aggregate
 from arlopti.algorithms.kl import kl_penalty
 from arlopti.algorithms.policy_loss import policy_loss
 from arlopti.algorithms.token_methods import TokenShaping, make_context, token_shaping
+from arlopti.algorithms.policy_loss import LossExtras
 from arlopti.config import AlgorithmConfig, LoptiConfig
 from arlopti.config.check import check_setting
+from arlopti.ops.tile_stats import TokenStats
 
 #: The objective's settings are ``algorithm.*`` themselves: ``LossConfig(kl_coef=0.0)`` is an
 #: :class:`~arlopti.config.AlgorithmConfig` with the schema's defaults elsewhere (no second copy).
@@ -55,7 +62,8 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                    phase_mask: Tensor, cfg: AlgorithmConfig, ref_log_probs: Tensor | None = None,
                    entropy: Tensor | None = None, scale: float | None = None, horizon: int | None = None,
                    normalize: str = "all", token_weight: Tensor | None = None,
-                   base_advantages: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+                   base_advantages: Tensor | None = None, dist: TokenStats | None = None
+                   ) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch for one phase (module docstring). Returns (loss, metrics).
 
     ``base_advantages`` (the estimator's, before AR): when given, the metrics also hold the
@@ -69,12 +77,14 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     clip_low, clip_high = cfg.clip_low, cfg.clip_high
     if method.name != "none":
         shaping = token_shaping(make_context(log_probs, old_log_probs, adv, response_mask, phase_mask, entropy,
-                                             cfg.clip_low, cfg.clip_high), method)
+                                             cfg.clip_low, cfg.clip_high, dist), method)
         adv, token_weight, clip_low, clip_high = _apply_shaping(shaping, adv, token_weight, clip_low, clip_high)
     loss, metrics = policy_loss(log_probs, old_log_probs, adv, denom_mask, clip_low, clip_high,
                                 cfg.dual_clip, cfg.loss_agg, scale=scale, horizon=horizon, metrics_mask=phase_mask,
                                 with_token_loss=True, name=cfg.policy_loss,
-                                token_weight=token_weight, ratio_mask=response_mask)
+                                token_weight=token_weight, ratio_mask=response_mask,
+                                extras=LossExtras(cfg.loss_params, entropy,
+                                                  None if dist is None else dist.top_log_probs))
     if base_advantages is not None:
         metrics.update(effective_weights(adv, token_weight, base_advantages, old_log_probs, phase_mask))
     per_token = metrics["pg_loss"]
@@ -149,16 +159,30 @@ def _apply_shaping(shaping: TokenShaping, adv: Tensor, token_weight: Tensor | No
 def _add_shaping_terms(shaping: TokenShaping, loss: Tensor, per_token: float, log_probs: Tensor,
                        old_log_probs: Tensor, phase_mask: Tensor, denom_mask: Tensor, token_weight: Tensor | None,
                        cfg, scale, horizon) -> tuple[Tensor, float]:
-    """KL-Cov's + κ_t·|logπ − logπ_old| on the phase's tokens, times the per-token loss weight,
-    under the same aggregation: the same as adding it to those tokens' policy loss (verl adds it
-    to ``pg_losses`` before ``agg_loss``). No new metric tags (docs/metrics.md lists what is written)."""
+    """KL-Cov's + κ_t·|logπ − logπ_old| and Lp-Reg's + κ_t·KL_lv(π ‖ π′) on the phase's tokens, times
+    the per-token loss weight, under the same aggregation: the same as adding them to those tokens'
+    policy loss (verl and Lp-Reg add them to ``pg_losses`` before ``agg_loss``). No new metric tags
+    (docs/metrics.md lists what is written)."""
+    terms = []
     if shaping.abs_log_ratio_coef is not None:
-        pen = shaping.abs_log_ratio_coef.to(log_probs.dtype) * (log_probs - old_log_probs.detach()).abs() * phase_mask
+        terms.append(shaping.abs_log_ratio_coef.to(log_probs.dtype) * (log_probs - old_log_probs.detach()).abs())
+    if shaping.proxy_kl_coef is not None:
+        terms.append(shaping.proxy_kl_coef.to(log_probs.dtype) * proxy_kl(log_probs, shaping.proxy_log_probs))
+    for term in terms:
+        pen = term * phase_mask
         if token_weight is not None:
             pen = pen * token_weight.detach()
         loss = loss + aggregate(pen, denom_mask, cfg.loss_agg, scale=scale, horizon=horizon)
         per_token += _token_mean(pen, phase_mask)
     return loss, per_token
+
+
+def proxy_kl(log_probs: Tensor, proxy_log_probs: Tensor) -> Tensor:
+    """Lp-Reg's per-token KL toward the proxy, ``kl_penalty(log_prob, tgt_log_prob, "low_var_kl")`` of its
+    repository: d = logπ′ − logπ, ``min(max(e^d − d − 1, −10), 10)`` (no clamp of d itself; on Lp-Reg's
+    tokens d > 0, where this equals :mod:`.kl`'s ``low_var_kl``, which also clamps d to [−5, 5])."""
+    d = proxy_log_probs.detach() - log_probs
+    return (torch.exp(d) - d - 1).clamp(-10.0, 10.0)
 
 
 def _token_mean(values: Tensor, mask: Tensor) -> float:

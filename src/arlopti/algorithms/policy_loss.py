@@ -46,9 +46,16 @@ other phase's tokens get exactly zero gradient (tests/algorithms/test_policy_los
 
 ``token_weight`` (a detached ``[B, T]`` factor, the rollout-mismatch correction of
 :mod:`.mismatch`) multiplies the per-token loss before aggregation; the normaliser is unchanged.
+
+The low-probability-token rivals (DPPO-TV/KL, SAPO, CE-GPPO, ASPO, SimKO) register from
+:mod:`.rival_losses`. Every loss takes ``extras`` (:class:`LossExtras`): what some of them read beyond
+the ratio — their settings (``algorithm.loss_params``) and the current forward's entropy and top-K
+log-probs (SimKO); the three losses here read none of it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -58,6 +65,17 @@ from arlopti.config.registries import POLICY_LOSSES
 from arlopti.config import AlgorithmConfig
 from arlopti.config import rules as config_rules
 from arlopti.config.check import check_setting
+from arlopti.config.schema import LossParamsConfig
+
+
+@dataclass(frozen=True)
+class LossExtras:
+    """What a loss may read beyond the ratio and the clip (module docstring): its settings, and the
+    current forward's per-token entropy ``[B, T]`` and top-K log-probs ``[B, T, K]`` (with gradient)."""
+
+    params: LossParamsConfig = field(default_factory=LossParamsConfig)
+    entropy: Tensor | None = None
+    top_log_probs: Tensor | None = None
 
 
 def _token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
@@ -67,7 +85,7 @@ def _token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None,
                   clip_low: float | Tensor, clip_high: float | Tensor,
-                  dual_clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+                  dual_clip: float | None, *, extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip with clip-higher and dual-clip (module docstring). Returns the loss ``[B, T]`` and
     boolean maps of which clip was active, the ratio and the log-ratio."""
     log_ratio = _token_log_ratio(log_probs, old_log_probs)
@@ -88,7 +106,7 @@ def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
               clip_low: float | Tensor, clip_high: float | Tensor,
-              dual_clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+              dual_clip: float | None, *, extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO-token (module docstring). ``ratio`` in the indicators is the sequence ratio s_i."""
     _no_dual_clip("gspo", dual_clip)
     mask = response_mask.to(log_probs.dtype)
@@ -104,7 +122,7 @@ def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, resp
 @POLICY_LOSSES.register("cispo")
 def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None,
                clip_low: float | Tensor, clip_high: float | Tensor,
-               dual_clip: float | None) -> tuple[Tensor, dict[str, Tensor]]:
+               dual_clip: float | None, *, extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (module docstring): the clipped importance weight, detached, times A times logπ."""
     _no_dual_clip("cispo", dual_clip)
     log_ratio = _token_log_ratio(log_probs, old_log_probs)
@@ -122,6 +140,22 @@ def _no_dual_clip(name: str, dual_clip: float | None) -> None:
     config_rules.check_dual_clip(name, dual_clip)  # the config's rule itself, not a copy
 
 
+def no_dual_clip(name: str, dual_clip: float | None) -> None:
+    """The config's rule that ``name`` takes no dual-clip (for :mod:`.rival_losses`)."""
+    _no_dual_clip(name, dual_clip)
+
+
+def token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
+    """logπ_θ − sg[logπ_old], clamped to [−20, 20] (module docstring), for :mod:`.rival_losses`."""
+    return _token_log_ratio(log_probs, old_log_probs)
+
+
+def indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, clip_high,
+               dual_active: Tensor) -> dict[str, Tensor]:
+    """The indicator maps every loss returns (PPO's clip conditions by default), for :mod:`.rival_losses`."""
+    return _indicators(advantages, ratio, log_ratio, clip_low, clip_high, dual_active)
+
+
 def _indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, clip_high,
                 dual_active: Tensor) -> dict[str, Tensor]:
     return {
@@ -135,21 +169,22 @@ def _indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, 
 
 def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                           clip_low: float | Tensor, clip_high: float | Tensor, dual_clip: float | None, *,
-                          name: str, response_mask: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                          name: str, response_mask: Tensor | None = None,
+                          extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """The unreduced loss ``[B, T]`` of policy loss ``name`` and its indicator maps. The settings
     are ``algorithm.*``'s values (no defaults here: they exist once, in the schema)."""
     if response_mask is None:
         response_mask = torch.ones_like(log_probs)
     return POLICY_LOSSES.get(name)(log_probs, old_log_probs, advantages, response_mask, clip_low, clip_high,
-                                   dual_clip)
+                                   dual_clip, extras=extras)
 
 
 def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
                 clip_low: float | Tensor, clip_high: float | Tensor, dual_clip: float | None,
                 agg: str, scale: float | None = None, horizon: int | None = None,
                 metrics_mask: Tensor | None = None, with_token_loss: bool = False, *, name: str,
-                token_weight: Tensor | None = None, ratio_mask: Tensor | None = None
-                ) -> tuple[Tensor, dict[str, float]]:
+                token_weight: Tensor | None = None, ratio_mask: Tensor | None = None,
+                extras: LossExtras | None = None) -> tuple[Tensor, dict[str, float]]:
     """Aggregated loss ``name`` (module docstring) and its metrics.
 
     ``clip_low``, ``clip_high``, ``dual_clip``, ``agg`` and ``name`` are ``algorithm.clip_low``,
@@ -160,14 +195,15 @@ def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, re
     same) the tokens GSPO's sequence ratio averages over (a response's valid tokens).
     ``metrics_mask`` (default: ``response_mask``) selects the tokens the metrics describe,
     e.g. one Lopti phase's tokens while the loss is still normalised by all tokens.
-    ``token_weight`` multiplies the per-token loss (rollout correction).
+    ``token_weight`` multiplies the per-token loss (rollout correction); ``extras``: :class:`LossExtras`.
     Metrics: ``clip_frac_low``, ``clip_frac_high``, ``clip_frac_dual`` (fractions of those tokens
     where each clip is active), ``approx_kl`` (mean of logπ_old − logπ, the k1 estimate of
     KL(π_old‖π_θ)), ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``tokens`` (how many tokens they
     describe); with ``with_token_loss`` also ``pg_loss``, the mean per-token loss over those tokens.
     """
     loss_tok, ind = per_token_policy_loss(log_probs, old_log_probs, advantages, clip_low, clip_high, dual_clip,
-                                          name=name, response_mask=response_mask if ratio_mask is None else ratio_mask)
+                                          name=name, response_mask=response_mask if ratio_mask is None else ratio_mask,
+                                          extras=extras)
     if token_weight is not None:
         loss_tok = loss_tok * token_weight.detach()
     loss = aggregate(loss_tok, response_mask, agg, scale=scale, horizon=horizon)

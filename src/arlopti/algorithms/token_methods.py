@@ -5,7 +5,9 @@ Each method is a pure function ``fn(ctx, cfg) -> TokenShaping`` registered in
 micro-batch and one Lopti phase, **detached**: the current log-probs logπ_θ, the rollout-time
 logπ_old, the advantages A (after the estimator, AR and the phase mask), the per-token entropy H of
 the current policy (at the rollout temperature, from the learner's fused kernel), the response
-mask and the phase mask. ``cfg`` is a :class:`arlopti.config.TokenMethodConfig`. The population
+mask and the phase mask, and the forward's full-distribution statistics where a method needs them
+(``dist``: :class:`arlopti.ops.tile_stats.TokenStats`; Lp-Reg's proxy log-probs).
+``cfg`` is a :class:`arlopti.config.TokenMethodConfig`. The population
 ``P`` a method ranks or averages over is ``ctx.population`` = response mask ∧ phase mask (without
 Lopti: every valid token).
 
@@ -18,7 +20,9 @@ field is optional (None: unchanged) and detached:
   ``entropy_mask`` both do exactly this);
 * ``clip_low`` / ``clip_high``: per-token PPO clip ε (tensors; every loss accepts them);
 * ``kl_weight`` c_t: the token's β·KL(π‖π_ref) term times c_t;
-* ``abs_log_ratio_coef`` κ_t: + κ_t·|logπ_θ,t − logπ_old,t| added to the token's policy loss (KL-Cov).
+* ``abs_log_ratio_coef`` κ_t: + κ_t·|logπ_θ,t − logπ_old,t| added to the token's policy loss (KL-Cov);
+* ``proxy_kl_coef`` κ_t with ``proxy_log_probs`` logπ′_t: + κ_t·KL_lv(π_θ ‖ π′) added to the token's policy
+  loss, with d = logπ′_t − logπ_θ,t and KL_lv = min(e^d − d − 1, 10) (Lp-Reg's ``low_var_kl``).
 
 Reproducibility notes. Everything a method computes is per micro-batch (the objective sees one
 micro-batch), as verl's Clip-Cov/KL-Cov are (they run inside the per-micro-batch policy loss); TRL's
@@ -31,9 +35,10 @@ every estimator and with AR except ``reverse`` (AR's mirror image: the two weigh
 one); with Lopti every method composes (it then acts within each phase's tokens) except
 ``top_entropy``: both are masks that decide which tokens learn, by different criteria, and the
 top-ρ-entropy tokens are mostly low-probability ones, so Lopti's high phase would be left almost
-empty — the composition has no meaning. ``clip_cov`` needs ``policy_loss=ppo_clip`` (its
-candidates exclude the tokens PPO already clipped); ``archer`` refuses ``gspo`` (one sequence ratio
-cannot take per-token bounds).
+empty — the composition has no meaning. ``clip_cov`` and ``lp_reg`` need ``policy_loss=ppo_clip``
+(Clip-Cov's candidates exclude the tokens PPO already clipped; Lp-Reg lifts PPO's clip on the tokens
+it regularises); ``archer`` refuses the losses that read no per-token PPO bounds (``gspo``: one
+sequence ratio; ``dppo_*``: divergence thresholds; ``sapo``: no clip).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import torch
 from torch import Tensor
 
 from arlopti.config.registries import TOKEN_METHODS
+from arlopti.ops.tile_stats import TokenStats
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class TokenContext:
     entropy: Tensor | None = None
     clip_low: float = 0.2
     clip_high: float = 0.24
+    dist: TokenStats | None = None
 
     @property
     def population(self) -> Tensor:
@@ -70,6 +77,14 @@ class TokenContext:
                              "(grpo_objective(..., entropy=...))")
         return self.entropy.detach().float()
 
+    def need_stat(self, method: str, name: str) -> Tensor:
+        """Statistic ``name`` of :attr:`dist` (detached float), or a clear error naming ``method``."""
+        value = None if self.dist is None else getattr(self.dist, name)
+        if value is None:
+            raise ValueError(f"algorithm.token_method.name={method} needs the forward's {name} "
+                             f"(grpo_objective(..., dist=TokenStats with {name}))")
+        return value.detach().float()
+
 
 @dataclass(frozen=True)
 class TokenShaping:
@@ -81,15 +96,17 @@ class TokenShaping:
     clip_high: Tensor | None = None
     kl_weight: Tensor | None = None
     abs_log_ratio_coef: Tensor | None = None
+    proxy_kl_coef: Tensor | None = None
+    proxy_log_probs: Tensor | None = None
 
 
 def make_context(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
                  phase_mask: Tensor, entropy: Tensor | None = None, clip_low: float = 0.2,
-                 clip_high: float = 0.24) -> TokenContext:
+                 clip_high: float = 0.24, dist: TokenStats | None = None) -> TokenContext:
     """A :class:`TokenContext` with every tensor detached."""
     return TokenContext(log_probs.detach().float(), old_log_probs.detach().float(), advantages.detach().float(),
                         response_mask.detach(), phase_mask.detach(), None if entropy is None else entropy.detach(),
-                        clip_low, clip_high)
+                        clip_low, clip_high, None if dist is None else dist.map(lambda t: t.detach()))
 
 
 def token_shaping(ctx: TokenContext, cfg) -> TokenShaping:
@@ -268,3 +285,52 @@ def reverse_weighting(ctx: TokenContext, cfg) -> TokenShaping:
     stated as our ablation, not that paper's rule."""
     p_old = torch.exp(ctx.old_log_probs)
     return TokenShaping(adv_weight=cfg.reverse_alpha * (1.0 - p_old) + (1.0 - cfg.reverse_alpha))
+
+
+def lp_reg_selection(ctx: TokenContext, sign: int, share: float) -> Tensor:
+    """bool ``[B, T]``: Lp-Reg's candidates of one sign of A — of the n tokens of P with sign(A) = ``sign``,
+    the k = max(1, ⌊share·n⌋) with the lowest logπ_θ (stable ascending sort: ties, the earlier token),
+    and none unless k > 1 (Lp-Reg's ``if logp_k > 1``, which is also how its scripts switch a side off)."""
+    pop = ctx.population & ((ctx.advantages > 0) if sign > 0 else (ctx.advantages < 0))
+    n = int(pop.sum())
+    k = max(1, int(n * share))
+    chosen = torch.zeros_like(pop)
+    if n == 0 or k <= 1:
+        return chosen
+    lp = torch.where(pop, ctx.log_probs, torch.full_like(ctx.log_probs, float("inf"))).flatten()
+    order = torch.sort(lp, stable=True).indices[:k]
+    return chosen.flatten().index_fill(0, order, True).view_as(pop)
+
+
+@TOKEN_METHODS.register("lp_reg")
+def lp_reg(ctx: TokenContext, cfg) -> TokenShaping:
+    """Lp-Reg, low-probability regularisation (arXiv 2510.03222; restated from CarlanLark/Lp-Reg-dev's
+    ``compute_policy_loss_lp_reg`` in ``verl/trainer/ppo/core_algos.py`` and ``apply_min_p`` /
+    ``update_policy`` in ``verl/workers/actor/dp_actor.py``, read in the code index).
+
+    The proxy π′ is the policy with its noise removed: min-p filtering drops every token with
+    p < κ·p_max and renormalises the rest (κ = ``lp_reg_min_p``, its scripts 0.02); ``dist.min_p_log_prob``
+    is logπ′ of the sampled token (−inf where the token is itself noise). Among the tokens of P with
+    A < 0, the ``lp_reg_neg_share`` (0.01) with the lowest logπ_θ (:func:`lp_reg_selection`; likewise
+    ``lp_reg_pos_share`` for A > 0, 0 in its scripts) are the "reasoning sparks" at risk; those with
+    logπ_θ < logπ′ (kept by the filter and below their proxy) lose PPO's clip — their loss is −A·ρ,
+    unclipped (per-token ε_low = 1, ε_high = ∞) — and gain ``lp_reg_coef``·KL_lv(π_θ ‖ π′) (the
+    module docstring's ``proxy_kl_coef``), whose gradient (1 − π′/π)·∇logπ < 0 raises them toward
+    the proxy against the negative advantage. A token the filter calls noise is left to PPO.
+
+    Deviations, stated: Lp-Reg filters the raw logits before dividing by the temperature, so its
+    threshold is κ·p_max at T = 1; the learner asks the fused pass for exactly that
+    (``StatsRequest(min_p_log=log κ / T)``; its scripts run at T = 1, where the two agree). Its scripts
+    take the proxy from the old policy (``minp_old_log_prob=True``, one more no-grad pass); here it
+    comes from the current forward (its code's other path, ``minp_old_log_prob=False``, which runs an
+    extra forward with the current weights) — the same on a step's first optimizer step, within one
+    step's drift after. Its lowest-p selection is per micro-batch, as here. The dual-clip, if set, still
+    caps A < 0 tokens (Lp-Reg's loss has none: ``kk_lp_reg`` sets ``dual_clip: null``)."""
+    proxy = ctx.need_stat("lp_reg", "min_p_log_prob")
+    chosen = lp_reg_selection(ctx, -1, cfg.lp_reg_neg_share) | lp_reg_selection(ctx, 1, cfg.lp_reg_pos_share)
+    chosen = chosen & (ctx.log_probs < proxy)
+    coef = torch.where(chosen, torch.full_like(proxy, cfg.lp_reg_coef), torch.zeros_like(proxy))
+    low = torch.where(chosen, torch.ones_like(proxy), torch.full_like(proxy, ctx.clip_low))
+    high = torch.where(chosen, torch.full_like(proxy, float("inf")), torch.full_like(proxy, ctx.clip_high))
+    return TokenShaping(clip_low=low, clip_high=high, proxy_kl_coef=coef,
+                        proxy_log_probs=torch.where(chosen, proxy, ctx.log_probs))

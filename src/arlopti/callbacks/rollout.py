@@ -57,10 +57,12 @@ import torch
 
 from arlopti.algorithms.dapo import overlong_penalty
 from arlopti.algorithms.dynamic_sampling import dynamic_sampling
+from arlopti.callbacks.progress import planned_steps
 from arlopti.config import check_rollout_offload
 from arlopti.learner.experience import build_experience
 from arlopti.rollout.episode import Episode
 from arlopti.rollout.factory import build_rollouts
+from arlopti.rollout.server_rollouts import RolloutWorkersLost
 from arlopti.rollout.source import Collected, RolloutSource
 from arlopti.tasks.base import RewardResult, Task, get_task
 
@@ -85,6 +87,23 @@ def shape_overlong(results: list[RewardResult], lengths: list[int], max_len: int
     pen = overlong_penalty(torch.tensor(lengths), max_len, buffer, factor).tolist()
     return [replace(r, reward=r.reward + p, components={**r.components, "overlong_penalty": p})
             for r, p in zip(results, pen)]
+
+
+def save_before_stopping(trainer, pl_module) -> str:
+    """Save ``last.ckpt`` now, as a preemption signal would (the steps done so far are not lost), and say where
+    and how to resume; under several ranks (a collective save the other ranks are not in) name the last
+    checkpoint instead."""
+    ckpt = next((c for c in trainer.callbacks if hasattr(c, "save_last_checkpoint")), None)
+    if ckpt is None:
+        return "No checkpoint callback: the steps of this run are not saved."
+    step = int(pl_module.rollout_step)
+    if trainer.world_size > 1:
+        last = getattr(ckpt, "last_saved_step", None)
+        where = f"{ckpt.dirpath / 'last.ckpt'} (rollout step {last})" if last is not None else "none yet"
+        return f"With {trainer.world_size} ranks no checkpoint is written now; the last one: {where}."
+    path = ckpt.save_last_checkpoint(trainer, step, reason="the rollout workers failed")
+    return (f"The {step} rollout step(s) done are saved in {path}: resume with the same command plus "
+            "ckpt_path=last once the workers run again.")
 
 
 def prompt_datamodule_of(trainer, why: str):
@@ -126,6 +145,15 @@ class RolloutCallback(L.Callback):
             if self.source.engine is not None:
                 pl_module.rollout_engine = self.source.engine
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        k = pl_module.cfg.rollout.async_.max_staleness
+        if pl_module.cfg.rollout.placement == "server" and k > 0 and pl_module.rollout_step > 0:
+            log.warning("resumed at rollout step %d with rollout.async.max_staleness=%d: the batches that were in "
+                        "flight are not in the checkpoint and are generated again by the resumed weights, so the "
+                        "next steps' samples are fresher than in an uninterrupted run and the run is not "
+                        "bit-identical to one (with max_staleness=0 it is; docs/scaling.md)",
+                        pl_module.rollout_step, k)
+
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for task in self._tasks.values():
             task.close()
@@ -148,12 +176,12 @@ class RolloutCallback(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         for opt in getattr(trainer, "optimizers", ()):  # gradients are not needed until the update: free them
             opt.zero_grad(set_to_none=True)
-        ahead = None
-        if pl_module.cfg.rollout.placement == "server":
-            dm = prompt_datamodule_of(trainer, "rollout.placement=server generates the next steps' prompts ahead")
-            ahead = lambda j: dm.batch_ahead(batch.position, j)  # noqa: E731
+        ahead = self.ahead(trainer, pl_module, batch) if pl_module.cfg.rollout.placement == "server" else None
         timings = {"rollout_s": 0.0, "scoring_s": 0.0, "sync_s": 0.0}
-        got = self.collect(pl_module, batch, timings, ahead=ahead)
+        try:
+            got = self.collect(pl_module, batch, timings, ahead=ahead)
+        except RolloutWorkersLost as err:
+            raise RolloutWorkersLost(f"{err}\n{save_before_stopping(trainer, pl_module)}") from err
         groups = self.score(batch, got.groups, pl_module, timings)
         stats: dict[str, float] = {}
         if pl_module.cfg.algorithm.dapo.dynamic_sampling:
@@ -170,6 +198,19 @@ class RolloutCallback(L.Callback):
         if got.stats:
             exp.async_stats = {**got.stats, "trainer_wait_s": got.timings["rollout_s"], "sync_s": got.timings["sync_s"]}
         batch.experience = exp
+
+    @staticmethod
+    def ahead(trainer, pl_module, batch):
+        """``ahead(j)``: the batch ``j`` rollout steps after ``batch``, or None past the run's last step
+        (what the rollout workers generate ahead; nothing is generated for steps the run never takes)."""
+        dm = prompt_datamodule_of(trainer, "rollout.placement=server generates the next steps' prompts ahead")
+        last = planned_steps(getattr(pl_module, "total_rollout_steps", None), trainer.max_epochs,
+                             trainer.num_training_batches) - 1
+
+        def batch_ahead(j: int):
+            return dm.batch_ahead(batch.position, j) if pl_module.rollout_step + j <= last else None
+
+        return batch_ahead
 
     def collect(self, pl_module, prompts, timings: dict[str, float], round_index: int = 0, ahead=None) -> Collected:
         """One round of the source's episodes of ``prompts``; adds to ``timings``' ``rollout_s`` / ``sync_s``."""

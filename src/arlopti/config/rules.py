@@ -162,13 +162,13 @@ def _validate_lr(o: OptimConfig) -> None:
 
 
 #: Policy losses that take no dual-clip, and the loss aggregation a loss requires (if any).
-_NO_DUAL_CLIP = ("gspo", "cispo")
+_NO_DUAL_CLIP = ("gspo", "cispo", "sapo", "simko")
 _REQUIRED_AGG = {"gspo": "seq-mean-token-mean"}
 
 
 def check_dual_clip(policy_loss: str, dual_clip: float | None) -> None:
-    """GSPO and CISPO take no dual-clip. The config and those losses (:mod:`arlopti.algorithms.policy_loss`)
-    both call this."""
+    """GSPO, CISPO, SAPO and SimKO take no dual-clip. The config and those losses
+    (:mod:`arlopti.algorithms.policy_loss`, :mod:`arlopti.algorithms.rival_losses`) both call this."""
     if policy_loss in _NO_DUAL_CLIP:
         _require(dual_clip is None, f"algorithm.dual_clip={dual_clip}: algorithm.policy_loss={policy_loss} has "
                  f"no dual-clip; set algorithm.dual_clip=null (algorithm={policy_loss} sets it)")
@@ -210,6 +210,8 @@ def _validate_correction(rc: RolloutCorrectionConfig, r: RolloutConfig) -> None:
 def _validate_token_method(a: AlgorithmConfig) -> None:
     """Token methods that cannot compose with the rest (arlopti.algorithms.token_methods' docstring)."""
     tm = a.token_method
+#: Losses that do not read clip_low / clip_high as PPO clip bounds (DPPO: divergence thresholds; SAPO: no clip).
+_NO_CLIP_BOUNDS = ("dppo_tv", "dppo_kl", "sapo", "gspo")
     key = f"algorithm.token_method.name={tm.name}"
     if tm.name == "top_entropy":
         _require(not a.lopti.enabled, f"{key} cannot combine with algorithm.lopti.enabled=true: both decide which "
@@ -224,8 +226,12 @@ def _validate_token_method(a: AlgorithmConfig) -> None:
         _require(tm.clip_cov_lb < tm.clip_cov_ub, f"algorithm.token_method.clip_cov_lb={tm.clip_cov_lb} must be "
                  f"below clip_cov_ub={tm.clip_cov_ub}")
     if tm.name == "archer":
-        _require(a.policy_loss != "gspo", f"{key} cannot apply to algorithm.policy_loss=gspo: one sequence ratio "
-                 "per response cannot take per-token clip bounds; use ppo_clip or cispo")
+        _require(a.policy_loss not in _NO_CLIP_BOUNDS, f"{key} cannot apply to algorithm.policy_loss={a.policy_loss}: "
+                 "it reads no per-token PPO clip bounds (gspo: one sequence ratio; dppo_*: divergence thresholds; "
+                 "sapo: no clip); use ppo_clip, cispo, ce_gppo, aspo or simko")
+    if tm.name == "lp_reg":
+        _require(a.policy_loss == "ppo_clip", f"{key} needs algorithm.policy_loss=ppo_clip (it lifts the PPO clip "
+                 f"of the tokens it regularises, as Lp-Reg's loss does), not {a.policy_loss}")
     if tm.name == "tr_grpo":
         _require(tm.tr_min <= tm.tr_max, f"algorithm.token_method.tr_min={tm.tr_min} must not exceed "
                  f"tr_max={tm.tr_max}")

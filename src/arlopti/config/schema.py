@@ -153,7 +153,7 @@ class TokenMethodConfig:
 
     name: str = setting(
         "none", "the method (none; clip_cov / kl_cov: arXiv 2505.22617; top_entropy: 2506.01939; archer: "
-                "2507.15778; tr_grpo: 2511.00066; reverse: AR's mirror, our ablation)",
+                "2507.15778; tr_grpo: 2511.00066; reverse: AR's mirror, our ablation; lp_reg: 2510.03222)",
         choices=_registry("TOKEN_METHODS"))
     cov_ratio: float = setting(2e-4, "clip_cov / kl_cov: share of the tokens selected, k = max(1, floor(r * N)) "
                                      "(verl: 2e-4)", range="(0, 1]")
@@ -179,6 +179,42 @@ class TokenMethodConfig:
     tr_max: float = setting(1.0, "tr_grpo: highest weight (ours)", range="(0, inf)")
     reverse_alpha: float = setting(0.3, "reverse: alpha of A <- (alpha * (1 - p_old) + 1 - alpha) * A",
                                    range="[0, 1]")
+    lp_reg_min_p: float = setting(0.02, "lp_reg: kappa of the proxy, which drops the tokens with p < kappa * p_max "
+                                        "(min-p on the raw logits, as Lp-Reg) and renormalises (its scripts: 0.02)",
+                                  range="(0, 1]")
+    lp_reg_neg_share: float = setting(0.01, "lp_reg: share of the A < 0 tokens, lowest p first, regularised: "
+                                            "k = max(1, floor(share * n)), applied only when k > 1 (its scripts: 0.01)",
+                                      range="[0, 1]")
+    lp_reg_pos_share: float = setting(0.0, "lp_reg: the same for the A > 0 tokens (its scripts: 0, off)",
+                                      range="[0, 1]")
+    lp_reg_coef: float = setting(1.0, "lp_reg: coefficient of the low_var_kl toward the proxy on the selected tokens "
+                                      "(its scripts: 1)", range="[0, inf)")
+
+
+@dataclass
+class LossParamsConfig:
+    """Settings of the policy losses beyond the PPO clip (arlopti.algorithms.rival_losses; docs/algorithms.md),
+    each read only by the loss its name starts with. The losses also reuse algorithm.clip_low / clip_high
+    (dppo_*: the divergence thresholds) and algorithm.dual_clip (dppo_*: the truncation of the detached
+    ratio; aspo: the soft dual clip). `experiment=kk_<loss>` sets each loss's published values."""
+
+    sapo_tau_pos: float = setting(1.0, "sapo: temperature of the gate sigmoid(tau (r - 1)) * 4 / tau on A > 0 tokens "
+                                       "(verl, TRL: 1)", range="(0, inf)")
+    sapo_tau_neg: float = setting(1.05, "sapo: the gate's temperature on A <= 0 tokens (verl, TRL: 1.05)",
+                                  range="(0, inf)")
+    gppo_beta_low: float = setting(0.75, "ce_gppo: beta_1, the gradient scale kept by A < 0 tokens below 1 - clip_low "
+                                         "(CE-GPPO's README: 0.75; its scripts 0.5 / 0.75; beta 1 and 1: GPPO)",
+                                   range="[0, inf)")
+    gppo_beta_high: float = setting(1.0, "ce_gppo: beta_2, the gradient scale kept by A > 0 tokens above "
+                                         "1 + clip_high (CE-GPPO: 1)", range="[0, inf)")
+    simko_top_k: int = setting(3, "simko: K, the top candidates that share a high-entropy A > 0 token's gradient "
+                                  "(SimKO's scripts: 3)", range="[1, inf)")
+    simko_mix: float = setting(0.01, "simko: lambda, the share of that gradient moved to the top K "
+                                     "(SimKO: mix_topk_coef 0.01)", range="[0, 1]")
+    simko_entropy_quantile: float = setting(0.8, "simko: per-response entropy quantile above which a token is "
+                                                 "high-entropy (SimKO: tau 0.8)", range="[0, 1]")
+    simko_neg_scale: float = setting(1.1, "simko: factor on the advantage of a high-entropy A < 0 token that is its "
+                                          "position's top-1 (SimKO's code: 1.1)", range="[1, inf)")
 
 
 @dataclass
@@ -188,13 +224,17 @@ class AlgorithmConfig:
     `AlgorithmConfig.label` names the combination (for run names and logs)."""
 
     advantage: str = setting("grpo", "advantage estimator (drgrpo: no std normalisation; rloo: leave-one-out; "
-                             "reinforce_pp: whitened return; reinforce_pp_baseline: group mean out, then whitened)",
+                             "reinforce_pp: whitened return; reinforce_pp_baseline: group mean out, then whitened; "
+                             "otb: the optimal token baseline, arXiv 2602.07078)",
                              choices=_registry("ADVANTAGE_ESTIMATORS"))
     adv_eps: float = setting(1e-6, "added to the group std of the advantage", range="[0, inf)")
     gamma: float = setting(1.0, "REINFORCE++: discount of the token return (1: the outcome on every token)",
                            range="[0, 1]")
-    policy_loss: str = setting("ppo_clip", "the policy loss (ppo_clip: clip-higher + dual-clip; gspo; cispo)",
-                               choices=_registry("POLICY_LOSSES"))
+    policy_loss: str = setting("ppo_clip", "the policy loss (ppo_clip: clip-higher + dual-clip; gspo; cispo; "
+                               "dppo_tv / dppo_kl: arXiv 2602.04879; sapo: 2511.20347; ce_gppo: 2509.20712; "
+                               "aspo: 2510.06062; simko: 2510.14807)", choices=_registry("POLICY_LOSSES"))
+    loss_params: LossParamsConfig = setting(help="settings of the policy losses beyond the PPO clip (SAPO, CE-GPPO, "
+                                                 "SimKO)", factory=LossParamsConfig)
     kl_in: str = setting(
         "loss", "where beta (kl_coef) acts",
         choices={"loss": "official: beta * KL(pi || pi_ref) added to the loss",
@@ -208,7 +248,7 @@ class AlgorithmConfig:
                               range="[0, 1]")
     lopti: LoptiConfig = setting(help="Low-Probability Token Isolation", factory=LoptiConfig)
     token_method: TokenMethodConfig = setting(help="a token-level method (Clip-Cov, KL-Cov, top-entropy, Archer, "
-                                                   "TR-GRPO, reverse weighting)", factory=TokenMethodConfig)
+                                                   "TR-GRPO, reverse weighting, Lp-Reg)", factory=TokenMethodConfig)
     clip_low: float = setting(0.2, "PPO clip below: ratio >= 1 - clip_low (1: no lower bound)", range="[0, 1]")
     clip_high: float = setting(0.24, "PPO clip above: ratio <= 1 + clip_high", range="[0, inf)")
     dual_clip: float | None = setting(10.0, "cap on the loss of negative-advantage tokens: -A * c; null disables",

@@ -94,6 +94,7 @@ import torch
 from torch import Tensor
 
 from arlopti.algorithms import Phase, grpo_objective, normaliser
+from arlopti.algorithms.forward_needs import forward_stats, needs_old_before_update, old_pass_stats
 from arlopti.algorithms.mismatch import correction_weights
 from arlopti.algorithms.plan import phase_names, phase_pass_ends, step_order
 from arlopti.config import RunConfig, check_rollout_correction_logprobs, validate_once
@@ -251,9 +252,10 @@ class GRPOModule(L.LightningModule):
         order = step_order(names, minis, a.ppo_epochs, a.lopti.granularity)
         reused = order[0][1] if self._reuses_first_forward() else []
         # 1. old and reference log-probs (no grad); the reused first step's rows come from its own forward
-        old, ref = old_and_ref_log_probs(self.policy, self.ref, exp, set(reused), s.logprob_micro_batch_size,
-                                         self.temperature, lora_ref=self.lora and a.kl_coef > 0)
-        adv_raw = token_advantages(sampled, old, ref, exp.response_mask, a, self._sum_over_ranks)
+        old, ref, *old_stats = old_and_ref_log_probs(self.policy, self.ref, exp, set(reused), s.logprob_micro_batch_size,
+                                                     self.temperature, lora_ref=self.lora and a.kl_coef > 0,
+                                                     stats=old_pass_stats(a))  # OTB's Σ p² (forward_needs)
+        adv_raw = token_advantages(sampled, old, ref, exp.response_mask, a, self._sum_over_ranks, *old_stats)
         t_logp = time.perf_counter() - t0
         micro_plan = {tuple(mb): self._micro_batches(mb, exp) for mb in minis}
         metrics = MetricSet()
@@ -284,11 +286,11 @@ class GRPOModule(L.LightningModule):
         """Whether the first optimizer step takes its rows' old log-probs from its own forward
         (:func:`~arlopti.algorithms.plan.first_step_inputs`). Not with ``lopti.normalize=phase``: its
         loss denominator is the phase's token count over the whole mini-batch, needed before the
-        first micro-batch's backward; nor with ``kl_in=reward``: the advantages need every token's
-        logπ_old before any backward."""
+        first micro-batch's backward; nor when the advantages need every token's logπ_old before any
+        backward (``kl_in=reward``, OTB: :func:`~arlopti.algorithms.forward_needs.needs_old_before_update`)."""
         a = self.cfg.algorithm
-        kl_reward = a.kl_in == "reward" and a.kl_coef > 0
-        return self.reuse_old_logprobs and not (a.lopti.enabled and a.lopti.normalize == "phase") and not kl_reward
+        return self.reuse_old_logprobs and not (a.lopti.enabled and a.lopti.normalize == "phase") \
+            and not needs_old_before_update(a)
 
     def _targets(self, exp: Experience, old: Tensor, ref: Tensor | None, adv_raw: Tensor) -> Targets:
         """The complete :class:`~arlopti.learner.targets.Targets` from every row's logπ_old: the
@@ -332,13 +334,14 @@ class GRPOModule(L.LightningModule):
         for micro in micros:
             sub, idx = exp.select(micro), torch.tensor(micro, device=exp.input_ids.device)
             r = sub.response_mask.shape[1]
-            logp, ent = self.policy(sub.input_ids, sub.attention_mask, sub.prompt_len, self.temperature,
-                                    with_entropy=True)
+            logp, ent, dist = self.policy(sub.input_ids, sub.attention_mask, sub.prompt_len, self.temperature,
+                                          with_entropy=True, stats=forward_stats(a, self.temperature))
             old, adv, pmask = t.micro(phase, idx, r, logp, sub.response_mask)
             loss, m = grpo_objective(logp, old, adv, sub.response_mask, pmask, a,
                                      ref_log_probs=None if t.ref is None else t.ref[idx, :r], entropy=ent, scale=scale,
                                      horizon=self.cfg.rollout.max_new_tokens, normalize=a.lopti.normalize,
-                                     token_weight=self._correction(old, sub), base_advantages=t.adv_raw[idx, :r])
+                                     token_weight=self._correction(old, sub), base_advantages=t.adv_raw[idx, :r],
+                                     dist=dist)
             if scale is None:
                 loss = loss / len(micros)
             self.manual_backward(loss)

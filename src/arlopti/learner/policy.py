@@ -14,6 +14,10 @@ them, so the training forward sees the same positions the sampler saw.
 Why a wrapper and not ``hf_model(...)``: under FSDP2 the wrapper is the root module whose
 forward unshards the embedding, final norm and LM head; calling the backbone and head piecewise
 from outside a module's forward would see sharded parameters.
+
+Full-distribution statistics (``stats``, a :class:`~arlopti.ops.tile_stats.StatsRequest`: Σ p², the
+top-K log-probs, a min-p proxy) come out of the same fused pass as a third output, ``[B, R]`` each
+(``[B, R, K]`` for the top K); :mod:`arlopti.algorithms.forward_needs` says which a run needs.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from arlopti.ops.logprobs import token_logprobs
+from arlopti.ops.tile_stats import StatsRequest, TokenStats
 
 
 def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
@@ -42,7 +47,8 @@ def _head_of(hf_model: nn.Module) -> nn.Linear:
 
 
 class PolicyLM(nn.Module):
-    """``forward`` → ``(log_probs [B, R], entropy [B, R] | None)`` in fp32."""
+    """``forward`` → ``(log_probs [B, R], entropy [B, R] | None)`` in fp32, and with ``stats`` a third
+    output, the :class:`~arlopti.ops.tile_stats.TokenStats` of the response tokens."""
 
     def __init__(self, hf_model: nn.Module, logprob_impl: str = "naive"):
         super().__init__()
@@ -55,7 +61,7 @@ class PolicyLM(nn.Module):
         return self.hf.config
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float = 1.0,
-                with_entropy: bool = True) -> tuple[Tensor, Tensor | None]:
+                with_entropy: bool = True, stats: StatsRequest | None = None):
         backbone = self.hf.get_decoder()
         head = self.hf.get_output_embeddings()
         out = backbone(input_ids=input_ids, attention_mask=attention_mask,
@@ -63,11 +69,14 @@ class PolicyLM(nn.Module):
         hidden = out.last_hidden_state[:, prompt_len - 1:-1]  # predicts tokens P .. L-1
         targets = input_ids[:, prompt_len:]
         b, r, h = hidden.shape
-        logp, ent = token_logprobs(hidden.reshape(b * r, h), head.weight, targets.reshape(b * r),
-                                   temperature=temperature, bias=head.bias, impl=self.logprob_impl,
-                                   with_entropy=with_entropy)
+        logp, ent, *extra = token_logprobs(hidden.reshape(b * r, h), head.weight, targets.reshape(b * r),
+                                           temperature=temperature, bias=head.bias, impl=self.logprob_impl,
+                                           with_entropy=with_entropy, stats=stats)
         # clone: FSDP2 hooks must not see a view of an internal buffer as the module output
-        return logp.view(b, r).clone(), (ent.view(b, r).clone() if ent is not None else None)
+        out = logp.view(b, r).clone(), (ent.view(b, r).clone() if ent is not None else None)
+        if stats is None:
+            return out
+        return (*out, extra[0].map(lambda t: t.view(b, r, *t.shape[1:]).clone()))
 
 
 def disable_dropout(model: nn.Module) -> None:
@@ -96,38 +105,51 @@ def batched_logprobs(policy: nn.Module, input_ids: Tensor, attention_mask: Tenso
 
 
 @torch.no_grad()
-def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_rows: int, temperature: float) -> None:
+def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_rows: int, temperature: float,
+                  stats: StatsRequest | None = None, stats_out: dict[str, Tensor] | None = None) -> None:
     """Fill ``out[rows]`` with ``model``'s log-probs of ``exp``'s responses (no grad).
 
     Rows go longest response first in chunks of ``chunk_rows``, each trimmed to its longest
     response (less padding than chunks in row order); positions past a row's chunk width keep
     ``out``'s values. Runs under the caller's precision context. The chunk count depends only on
-    ``len(rows)``, equal on every rank (the forwards are collectives under FSDP2).
+    ``len(rows)``, equal on every rank (the forwards are collectives under FSDP2). With ``stats``,
+    each requested per-token statistic (``[B, R]``: Σ p², the min-p fields) fills ``stats_out[name]``
+    the same way.
     """
     if not rows:
         return
-    lengths = exp.response_lengths[rows].tolist()
+    lengths = exp.response_mask[rows].sum(-1).tolist()
     order = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (-lengths[i], i))]
     for lo in range(0, len(order), chunk_rows):
         chunk = order[lo:lo + chunk_rows]
         sub = exp.select(chunk)
-        logp, _ = model(sub.input_ids, sub.attention_mask, sub.prompt_len, temperature, with_entropy=False)
-        out[torch.tensor(chunk, device=out.device), :logp.shape[1]] = logp.to(out.dtype)
+        logp, _, *extra = model(sub.input_ids, sub.attention_mask, sub.prompt_len, temperature, with_entropy=False,
+                                stats=stats)
+        idx = torch.tensor(chunk, device=out.device)
+        out[idx, :logp.shape[1]] = logp.to(out.dtype)
+        for name, value in (extra[0]._asdict().items() if extra else ()):
+            if value is not None and value.dim() == 2:
+                stats_out[name][idx, :value.shape[1]] = value.to(stats_out[name].dtype)
 
 
 def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: set[int], chunk_rows: int,
-                          temperature: float, lora_ref: bool = False) -> tuple[Tensor, Tensor | None]:
+                          temperature: float, lora_ref: bool = False, stats: StatsRequest | None = None):
     """``(logπ_old, reference log-probs)`` of ``exp``'s responses, no grad, at ``temperature``: the
     first of every row not in ``skip`` (zeros there), the second of all rows from ``ref``, or with
     ``lora_ref`` from ``policy`` with its LoRA adapters off, else None (β = 0). Zeros on padding.
-    ``policy`` runs in eval mode and gets its mode back."""
+    ``policy`` runs in eval mode and gets its mode back. With ``stats`` (the old policy's statistics
+    the advantages read, :func:`arlopti.algorithms.forward_needs.old_pass_stats`) a third element, their
+    :class:`~arlopti.ops.tile_stats.TokenStats` ``[B, R]`` from the same pass (zeros on ``skip`` rows and
+    padding)."""
     from arlopti.models.lora import adapters_disabled
 
     mask = exp.response_mask
     old = torch.zeros_like(mask)
+    per_token = None if stats is None else {name: torch.zeros_like(mask) for name in _per_token_fields(stats)}
     was_training = policy.training
     policy.eval()
-    fill_logprobs(policy, exp, [i for i in range(len(exp)) if i not in skip], old, chunk_rows, temperature)
+    fill_logprobs(policy, exp, [i for i in range(len(exp)) if i not in skip], old, chunk_rows, temperature,
+                  stats, per_token)
     ref_lp = None
     if ref is not None:
         ref_lp = torch.zeros_like(mask)
@@ -137,4 +159,14 @@ def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: s
         with adapters_disabled(policy):
             fill_logprobs(policy, exp, list(range(len(exp))), ref_lp, chunk_rows, temperature)
     policy.train(was_training)
-    return old * mask, ref_lp
+    if stats is None:
+        return old * mask, ref_lp
+    return old * mask, ref_lp, TokenStats(**{k: v * mask for k, v in per_token.items()})
+
+
+def _per_token_fields(stats: StatsRequest) -> list[str]:
+    """The ``[B, R]`` statistics a request returns (the top-K ones are ``[B, R, K]`` and not kept here)."""
+    if stats.top_k:
+        raise ValueError("old_and_ref_log_probs keeps only per-token statistics; top-K is the training forward's")
+    return (["sum_p2"] if stats.sum_p2 else []) + (["kept_log_mass", "min_p_log_prob"]
+                                                  if stats.min_p_log is not None else [])

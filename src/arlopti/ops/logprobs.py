@@ -499,7 +499,7 @@ def token_logprobs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature:
             logits = logits + bias
         logp, entropy = logprobs_from_logits(logits, flat_t, temperature, with_entropy)
         if stats is not None:
-            extra = stats_from_logits(logits.float() / temperature, stats, flat_t)
+            extra = stats_from_logits(logits.float() / temperature, stats, flat_t) if stats else TokenStats()
     else:
         logp, entropy, *rest = fused_token_logprobs(flat_h, weight, flat_t, temperature, bias, with_entropy,
                                                     token_chunk, vocab_chunk, stats)
