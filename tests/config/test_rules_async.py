@@ -63,6 +63,17 @@ def test_explicit_none_with_staleness_is_allowed_and_warns_once(caplog, monkeypa
      r"rollout.server.spawn=false with empty rollout.server.urls.*rollout.server.spawn=true"),
     (lambda c: setattr(c.rollout, "server", ServerConfig(spawn=True, urls=["h:8100"])),
      r"rollout.server.spawn=true with rollout.server.urls=\['h:8100'\].*rollout.server.urls=\[\]"),
+    (lambda c: setattr(c.rollout, "server", ServerConfig(spawn=False, urls=["localhost"])),
+     r"rollout.server.urls has 'localhost', which is not host:port"),
+    (lambda c: setattr(c.rollout, "server", ServerConfig(spawn=False, urls=["127.0.0.1:99999"])),
+     r"rollout.server.urls has '127.0.0.1:99999', which is not host:port \(a port in 1..65535"),
+    (lambda c: setattr(c.rollout, "server", ServerConfig(spawn=False, urls=["not a url"])),
+     r"rollout.server.urls has 'not a url'"),
+    (lambda c: setattr(c.rollout.async_, "max_staleness", 1_000_000_000),
+     r"rollout.async.max_staleness=1000000000: at most 32 batches are generated ahead"),
+    (lambda c: (setattr(c.model.lora, "r", 4), setattr(c.rollout, "lora_sync", "adapter"),
+                setattr(c.rollout, "backend", "vllm")),
+     r"rollout.lora_sync=adapter is not served by rollout workers.*rollout.lora_sync=merged"),
 ])
 def test_a_server_run_refuses(change, match):
     cfg = RunConfig(rollout=_rollout("server", 1))
@@ -72,6 +83,14 @@ def test_a_server_run_refuses(change, match):
         validate_run(cfg)
     cfg.rollout.placement = "colocated"  # the same settings are fine colocated
     validate_run(cfg)
+
+
+def test_worker_addresses_are_host_and_port():
+    from arlopti.config.rules import worker_address
+
+    assert worker_address("127.0.0.1:8100") == ("127.0.0.1", 8100)
+    assert worker_address("http://gpu7:8100/") == ("gpu7", 8100) and worker_address("[::1]:80") == ("::1", 80)
+    assert [worker_address(u) for u in ("localhost", "h:0", "h:65536", "ftp://h:1", "a b:1", "")] == [None] * 6
 
 
 def test_several_ranks_share_the_workers_evenly():

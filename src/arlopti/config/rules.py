@@ -82,6 +82,28 @@ def _warn_once(message: str) -> None:
         log.warning(message)
 
 
+#: The most batches placement=server generates ahead and holds (rollout.async.max_staleness + 1 at most).
+MAX_STALENESS = 32
+
+
+def worker_address(url: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a rollout worker given as ``host:port`` or ``http(s)://host:port``; None when it is
+    not one (no port, a port outside 1..65535, a space in it)."""
+    from urllib.parse import urlsplit
+
+    text = url.strip()
+    if not text or " " in text:
+        return None
+    try:
+        parts = urlsplit(text if "://" in text else f"http://{text}")
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None or not 1 <= port <= 65535:
+        return None
+    return parts.hostname, port
+
+
 def _validate_server(cfg: RunConfig, world_size: int) -> None:
     """``rollout.placement=server``: what it cannot run with yet, and where its workers come from."""
     r = cfg.rollout
@@ -108,6 +130,18 @@ def _validate_server(cfg: RunConfig, world_size: int) -> None:
     _require(s.spawn or len(s.urls) % world_size == 0,
              f"rollout.server.urls lists {len(s.urls)} worker(s) for {world_size} trainer ranks: each rank drives "
              "its own share of the workers (rank r the r-th contiguous share), so give a multiple of the ranks")
+    for url in s.urls:
+        _require(worker_address(url) is not None,
+                 f"rollout.server.urls has {url!r}, which is not host:port (a port in 1..65535, e.g. 127.0.0.1:8100 "
+                 "or http://gpu7:8100): give each worker as its python -m arlopti.rollout.serve printed it")
+    _require(r.async_.max_staleness <= MAX_STALENESS,
+             f"rollout.async.max_staleness={r.async_.max_staleness}: at most {MAX_STALENESS} batches are generated "
+             "ahead and held (each holds a whole step's episodes); beyond a few steps staleness hides no more "
+             f"generation time (docs/scaling.md): use a value <= {MAX_STALENESS}")
+    _require(not (cfg.model.lora.r and r.lora_sync == "adapter"),
+             "rollout.lora_sync=adapter is not served by rollout workers (rollout.placement=server): a worker "
+             "would have to read each adapter from a folder the trainer writes; use rollout.lora_sync=merged "
+             "(after the first sync only the adapted weights are sent) or rollout.placement=colocated")
 
 
 def validate_run(cfg: RunConfig, world_size: int = 1) -> None:

@@ -27,6 +27,12 @@ Trainer side (:class:`GlooSender`, torch only, no vLLM import): owns the TCPStor
 bucket layout as the ``/update_weights`` payload while it broadcasts the buckets (the worker's HTTP
 call returns once it has received them all), and ends with ``/finish_weight_update`` carrying the
 policy version, which vLLM then reports per token span in every response (``weight_versions``).
+
+One run per worker. Before it joins, the trainer claims the worker for its run through vLLM's own
+``/collective_rpc`` route, calling :meth:`GlooWorkerExtension.arlopti_claim` on the worker: a worker
+that serves another run whose trainer is still alive (its TCPStore still answers) refuses, naming
+that run, so a second trainer given the URL of a busy worker stops at connect time and the first one
+is untouched. A worker whose previous trainer is gone (its store no longer answers) is taken over.
 """
 
 from __future__ import annotations
@@ -159,9 +165,30 @@ def register() -> None:
         WeightTransferEngineFactory.register_engine(BACKEND, _engine_class())
 
 
+def store_answers(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Whether a TCP connection to ``host:port`` (a trainer's TCPStore) is accepted: its trainer is alive."""
+    import socket
+
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
 class GlooWorkerExtension:
     """``--worker-extension-cls``: vLLM imports this class in its worker process before building the
-    weight-transfer engine, which registers ``arlopti_gloo`` there. It adds no method to the worker."""
+    weight-transfer engine, which registers ``arlopti_gloo`` there. Its one method, reached through
+    vLLM's ``/collective_rpc`` route, is the claim of the worker by one run (module docstring)."""
+
+    def arlopti_claim(self, run: str, host: str, port: str) -> dict:
+        """Claim this worker for ``run``, whose trainer's store listens at ``host:port``: refused while another
+        run's store still answers. Returns ``{"ok": bool, "holder": the run that holds the worker}``."""
+        holder = getattr(self, "_arlopti_holder", None)
+        if holder is not None and holder[0] != run and store_answers(holder[1], holder[2]):
+            return {"ok": False, "holder": holder[0]}
+        self._arlopti_holder = (run, host, int(port))
+        return {"ok": True, "holder": run}
 
 
 if "vllm" in sys.modules:  # a vLLM process (its worker resolves GlooWorkerExtension): register now; a
@@ -169,16 +196,27 @@ if "vllm" in sys.modules:  # a vLLM process (its worker resolves GlooWorkerExten
 
 
 # ------------------------------------------------------------------------------------ trainer side
+class WorkerBusy(RuntimeError):
+    """The worker serves another run whose trainer is alive; ``holder`` names that run."""
+
+    def __init__(self, holder: str):
+        super().__init__(f"it serves another run, {holder}, whose trainer is alive: start another worker for this "
+                         "run (python -m arlopti.rollout.serve ...) or stop that run first")
+        self.holder = holder
+
+
 class GlooSender:
     """The trainer's end of one worker's gloo group (rank 0; module docstring).
 
     ``post(path, json)`` calls the worker's vLLM route ``path`` (the rollout client supplies it, with
     its timeout and error messages). :meth:`connect` must run before :meth:`send`."""
 
-    def __init__(self, post: Callable[[str, dict | None], object], transfer_host: str, timeout_s: float):
+    def __init__(self, post: Callable[[str, dict | None], object], transfer_host: str, timeout_s: float,
+                 run: str = ""):
         self.post = post
         self.transfer_host = transfer_host
         self.timeout_s = float(timeout_s)
+        self.run = run
         self.store: dist.TCPStore | None = None
         self.group: dist.ProcessGroup | None = None
 
@@ -186,12 +224,21 @@ class GlooSender:
         """Open a TCPStore on a free port, ask the worker to join it, and form the group."""
         timeout = datetime.timedelta(seconds=self.timeout_s)
         self.store = dist.TCPStore("0.0.0.0", 0, 2, is_master=True, timeout=timeout, wait_for_workers=False)
+        self.claim()
         info = dict(master_address=self.transfer_host, master_port=int(self.store.port), rank=1, world_size=2,
                     timeout_s=self.timeout_s)
         with ThreadPoolExecutor(max_workers=1) as pool:  # both sides block until the group forms
             joined = pool.submit(self.post, "init_weight_transfer_engine", {"init_info": info})
             self.group = gloo_group(self.store, 0, 2, self.timeout_s)
             joined.result()
+
+    def claim(self) -> None:
+        """Claim the worker for this run (module docstring); a ``WorkerBusy`` names the run that holds it."""
+        answer = self.post("collective_rpc", {"method": "arlopti_claim",
+                                              "args": [self.run, self.transfer_host, str(self.store.port)]})
+        result = (answer or {}).get("results", [{}])[0] or {}
+        if not result.get("ok", False):
+            raise WorkerBusy(result.get("holder", "?"))
 
     def send(self, items: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int, dtype: torch.dtype,
              version: int) -> dict:
@@ -223,5 +270,5 @@ class GlooSender:
         self.group, self.store = None, None
 
 
-__all__ = ["BACKEND", "GlooInitInfo", "GlooSender", "GlooUpdateInfo", "GlooWorkerExtension", "broadcast",
-           "gloo_group", "layout", "register"]
+__all__ = ["BACKEND", "GlooInitInfo", "GlooSender", "GlooUpdateInfo", "GlooWorkerExtension", "WorkerBusy",
+           "broadcast", "gloo_group", "layout", "register", "store_answers"]

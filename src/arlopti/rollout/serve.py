@@ -91,11 +91,24 @@ def _parent_gone(parent_pid: int) -> bool:
     return os.getppid() != parent_pid
 
 
+def die_with_parent() -> None:
+    """In a child before it runs: the kernel sends it SIGKILL when its parent dies, even by SIGKILL
+    (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing), so the vLLM server never outlives this
+    supervisor and no worker process is orphaned."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def supervise(argv: list[str], env: dict, parent_pid: int | None, cpus: str | None = None) -> int:
-    """Run the server until it exits, a signal arrives, or the parent (trainer) is gone."""
+    """Run the server until it exits, a signal arrives, or the parent (trainer) is gone; the server is
+    killed by the kernel if this supervisor dies first (:func:`die_with_parent`)."""
     if cpus:
         argv = ["taskset", "-c", str(cpus), *argv]
-    child = subprocess.Popen(argv, env=env)
+    child = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)
     stop = threading.Event()
 
     def on_signal(signum, frame):  # noqa: ARG001

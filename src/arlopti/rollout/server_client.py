@@ -38,7 +38,7 @@ from pathlib import Path
 import requests
 
 from arlopti.rollout.engine import Completion, SamplingConfig
-from arlopti.rollout.gloo_transfer import GlooSender
+from arlopti.rollout.gloo_transfer import GlooSender, WorkerBusy
 from arlopti.rollout.seeds import sample_seed
 log = logging.getLogger(__name__)
 
@@ -133,28 +133,64 @@ class RolloutWorker:
                                             env={**os.environ, **a.get("env", {})})
         log.info("started rollout %s (pid %d) at %s; its log: %s", self.name, self.process.pid, self.url, a["log"])
 
-    def start_transfer(self) -> None:
-        """Form the weight-transfer group with the worker; its weights are unknown until the next sync."""
+    def start_transfer(self, run: str = "") -> None:
+        """Form the weight-transfer group with the worker as run ``run``; its weights are unknown until the
+        next sync. A worker that already serves another live run refuses (its answer names that run)."""
         if self.sender is not None:
             self.sender.close()
-        self.sender = GlooSender(self.post, self.transfer_host, self.timeout_s)
-        self.sender.connect()
+        self.sender = GlooSender(self.post, self.transfer_host, self.timeout_s, run=run)
+        try:
+            self.sender.connect()
+        except WorkerError:
+            raise
+        except WorkerBusy as err:
+            raise WorkerError(self.name, str(err)) from err
+        except Exception as err:  # torch.distributed's store or group: the worker never joined
+            raise WorkerError(self.name, f"did not join the weight-transfer group on {self.transfer_host} within "
+                                         f"{self.timeout_s:.0f} s (rollout.server.timeout_s): {type(err).__name__}: "
+                                         f"{err}. Is it a worker started by python -m arlopti.rollout.serve, and "
+                                         "can it reach this host (rollout.server.transfer_host)?") from err
         self.version = None
 
-    def wait_ready(self, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
+    def wait_ready(self, wait_s: float, key: str = "rollout.server.startup_timeout_s",
+                   report_every_s: float = 10.0) -> None:
+        """Wait until the worker serves ``/v1/models``, saying at once why it does not yet answer and then
+        every ``report_every_s``; a server that answers wrongly (not vLLM) is an error at once."""
+        t0 = time.monotonic()
+        deadline, next_report = t0 + wait_s, t0
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise WorkerError(self.name, f"exited with status {self.process.returncode} while starting; "
                                              f"its log: {self.spawn_args['log']}\n{self.log_tail()}")
             try:
-                if requests.get(f"{self.url}/v1/models", timeout=5).status_code == 200:
+                r = requests.get(f"{self.url}/v1/models", timeout=5)
+                if r.status_code == 200:
+                    self._models(r)
+                    log.info("rollout %s answers at %s after %.0f s", self.name, self.url, time.monotonic() - t0)
                     return
-            except requests.RequestException:
-                pass
+                if r.status_code < 500:  # 5xx: a server still starting may say so; anything else is not vLLM
+                    raise WorkerError(self.name, f"{self.url}/v1/models answered {r.status_code} "
+                                                 f"({r.text[:200]!r}): not a vLLM server; start the worker with "
+                                                 "python -m arlopti.rollout.serve")
+                why = f"answered {r.status_code}"
+            except requests.RequestException as err:
+                why = "connection refused" if isinstance(err, requests.ConnectionError) else type(err).__name__
+            if time.monotonic() >= next_report:
+                what = "vLLM is starting" if self.spawned else why
+                log.info("waiting for rollout %s at %s: %s (%.0f s of %s=%.0f)", self.name, self.url, what,
+                         time.monotonic() - t0, key, wait_s)
+                next_report += report_every_s
             time.sleep(0.5)
-        raise WorkerError(self.name, f"did not answer at {self.url} within {wait_s:.0f} s "
-                                     f"(rollout.server.startup_timeout_s)" + (f"\n{self.log_tail()}" if self.spawned else ""))
+        raise WorkerError(self.name, f"did not answer at {self.url} within {wait_s:.0f} s ({key})"
+                          + (f"\n{self.log_tail()}" if self.spawned else ""))
+
+    def _models(self, response) -> list[str]:
+        """The served model names of a ``/v1/models`` answer; a WorkerError when it is not vLLM's JSON."""
+        try:
+            return [m["id"] for m in response.json()["data"]]
+        except (ValueError, KeyError, TypeError) as err:
+            raise WorkerError(self.name, f"{self.url}/v1/models answered {response.text[:200]!r}, not vLLM's model "
+                                         "list: start the worker with python -m arlopti.rollout.serve") from err
 
     def log_tail(self, lines: int = 15) -> str:
         if not self.spawned or not Path(self.spawn_args["log"]).exists():
@@ -163,7 +199,7 @@ class RolloutWorker:
 
     def check_base(self, expected: str) -> None:
         """Refuse a worker whose served model is not the trainer's base (module docstring)."""
-        served = self.get("v1/models")["data"][0]["id"]
+        served = (self.get("v1/models") or {}).get("data", [{}])[0].get("id", "")
         if served != expected:
             what = ("was not started by arlopti.rollout.serve" if not served.startswith(SERVED_PREFIX)
                     else "was built from another base model")
@@ -187,7 +223,11 @@ class RolloutWorker:
             raise WorkerError(self.name, f"{path} failed: {type(err).__name__}: {err} (dead?)") from err
         if r.status_code != 200:
             raise WorkerError(self.name, f"{path} answered {r.status_code}: {r.text[:500]}")
-        return r.json() if r.content else None
+        try:
+            return r.json() if r.content else None
+        except ValueError as err:
+            raise WorkerError(self.name, f"{path} answered 200 with {r.text[:200]!r}, not JSON: not a vLLM "
+                                         "rollout worker (python -m arlopti.rollout.serve)") from err
 
     def post(self, path: str, json: dict | None = None):
         return self._call("POST", path, json)
@@ -273,8 +313,13 @@ class RolloutWorker:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        try:  # the group may outlive its leader (vLLM's engine process): no survivor
-            os.killpg(proc.pid, signal.SIGKILL)
+        self.kill_group(proc.pid)  # the group may outlive its leader (vLLM's engine process): no survivor
+
+    @staticmethod
+    def kill_group(pgid: int) -> None:
+        """SIGKILL every process left in a spawned worker's process group."""
+        try:
+            os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
 

@@ -35,6 +35,9 @@ tokens/s, the queue depth, sync time and the number of restarts.
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,6 +56,11 @@ from arlopti.rollout.source import Collected, RolloutSource, SamplingPlan, colle
 from arlopti.rollout.vllm_startup import resolve_dtype
 
 log = logging.getLogger(__name__)
+
+
+class RolloutWorkersLost(RuntimeError):
+    """The run cannot go on with its rollout workers (a fault that is not restarted); the message names
+    the worker and why. The rollout callback saves a checkpoint first where it can."""
 
 
 @dataclass
@@ -80,6 +88,7 @@ class ServerRollouts(RolloutSource):
         self.tokenizer = tokenizer
         self.publisher = publisher
         self.wire_dtype = wire_dtype
+        self.run = ""  # this run's name, as a worker that refuses a second run tells it
         self.queue: dict[int, Batch] = {}
         self.last_scheduled = -1
         self.version: int | None = None
@@ -89,6 +98,8 @@ class ServerRollouts(RolloutSource):
         self._http = ThreadPoolExecutor(max_workers=1024, thread_name_prefix="arlopti-http")
         self._idle_since = time.perf_counter()
         self._idle_s = 0.0
+        self._closed = threading.Event()
+        threading.Thread(target=self._watch_supervisors, name="arlopti-worker-watch", daemon=True).start()
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -109,14 +120,18 @@ class ServerRollouts(RolloutSource):
         pool = cls(workers, rollout_cfg, served_model_name(identity), tokenizer, group_size, world,
                    SamplingPlan.of(rollout_cfg, rank), WeightPublisher.for_policy(policy, rollout_cfg.lora_sync),
                    wire)
+        pool.run = f"{Path(run_dir).parent} (rank {rank}, pid {os.getpid()} on {socket.gethostname()})"
         try:
             for w in workers:  # spawned ones start together; each is then waited for
                 if w.spawned:
                     w.launch()
             for w in workers:
-                w.wait_ready(s.startup_timeout_s if w.spawned else s.timeout_s)
+                if w.spawned:
+                    w.wait_ready(s.startup_timeout_s, "rollout.server.startup_timeout_s")
+                else:
+                    w.wait_ready(s.timeout_s, "rollout.server.timeout_s")
                 w.check_base(pool.base_name)
-                w.start_transfer()
+                w.start_transfer(pool.run)
         except BaseException:
             pool.close()
             raise
@@ -156,6 +171,8 @@ class ServerRollouts(RolloutSource):
             stats["sync_s"] = time.perf_counter() - t0
         for s in plan.schedule:
             batch = prompts if s == step else ahead(s - step)
+            if batch is None:  # past the run's last step: nothing to generate there
+                break
             self._queue(s, batch, self.sampling.at(s))
         stats["queue_depth"] = float(len(self.queue))
         batch = self.queue.pop(step)
@@ -249,26 +266,41 @@ class ServerRollouts(RolloutSource):
         self.version = None  # every worker gets the current weights again
         worker = next((w for w in self.workers if w.name == getattr(err, "worker", None)), None)
         if worker is None or not worker.spawned:
-            raise RuntimeError(f"{err}\nIt was started separately (rollout.server.urls): restart it with "
-                               "python -m arlopti.rollout.serve and resume from the last checkpoint.") from err
+            raise RolloutWorkersLost(f"{err}\nIt was started separately (rollout.server.urls): restart it with "
+                                     "python -m arlopti.rollout.serve, then resume the run.") from err
         if self.world > 1:  # the other ranks would not re-sync with it: their weight gathers would not match
-            raise RuntimeError(f"{err}\nWith {self.world} trainer ranks a worker is not restarted (every rank's "
-                               "sync gathers the weights together): the run stops; resume from the last "
-                               "checkpoint.") from err
+            raise RolloutWorkersLost(f"{err}\nWith {self.world} trainer ranks a worker is not restarted (every "
+                                     "rank's sync gathers the weights together): the run stops.") from err
         if worker.restarts >= self.cfg.server.max_restarts:
-            raise RuntimeError(f"{err}\nIt was restarted {worker.restarts} time(s) already "
-                               f"(rollout.server.max_restarts={self.cfg.server.max_restarts}); its log: "
-                               f"{worker.spawn_args['log']}") from err
+            raise RolloutWorkersLost(f"{err}\nIt was restarted {worker.restarts} time(s) already "
+                                     f"(rollout.server.max_restarts={self.cfg.server.max_restarts}); its log: "
+                                     f"{worker.spawn_args['log']}") from err
         log.warning("%s; restarting it (%d of at most %d)", err, worker.restarts + 1, self.cfg.server.max_restarts)
         worker.stop(grace_s=2.0)
         worker.restarts += 1
         self.restarts += 1
         worker.launch()
-        worker.wait_ready(self.cfg.server.startup_timeout_s)
+        worker.wait_ready(self.cfg.server.startup_timeout_s, "rollout.server.startup_timeout_s")
         worker.check_base(self.base_name)
-        worker.start_transfer()
+        worker.start_transfer(self.run)
+
+    def _watch_supervisors(self, every_s: float = 1.0) -> None:
+        """Every second: a spawned worker's supervisor that exited (killed, crashed) while this trainer did not
+        stop it takes its whole process group with it now, and says so (the next request then fails and the
+        worker is restarted or the run stops, as for any fault)."""
+        seen: set[int] = set()
+        while not self._closed.wait(every_s):
+            for w in self.workers:
+                proc = w.process
+                if proc is None or proc.pid in seen or proc.poll() is None:
+                    continue
+                seen.add(proc.pid)
+                log.warning("rollout %s: its supervisor (pid %d) exited with status %s; stopping what is left of "
+                            "its process group", w.name, proc.pid, proc.returncode)
+                w.kill_group(proc.pid)
 
     def close(self) -> None:
+        self._closed.set()
         for b in self.queue.values():
             b.future.cancel()
         self.queue.clear()
@@ -312,4 +344,4 @@ def _split(n: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-__all__ = ["ServerRollouts", "check_worker_agrees"]
+__all__ = ["RolloutWorkersLost", "ServerRollouts", "check_worker_agrees"]
