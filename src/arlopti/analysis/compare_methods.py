@@ -1,17 +1,36 @@
-"""``compare-methods``: GRPO, AR, Lopti, AR + Lopti and every token method side by side, one batch.
+"""``compare-methods``: GRPO, AR, Lopti, AR + Lopti and every registered method side by side, one batch.
+
+The methods: the four above, then every registered token method (``TOKEN_METHODS`` but ``none``), policy
+loss (``POLICY_LOSSES`` but ``ppo_clip``) and advantage estimator (``ADVANTAGE_ESTIMATORS`` but ``grpo``),
+read from the registries (:func:`registered_methods`), so a new method appears here by registering.
 
 From the same weights θ and the same batch (``old_log_probs = log π_θ``, so every ratio is 1), for
 each method:
 
-* its **effective advantages** A'_t = c_t·A_t at θ. For a token method, c_t is
-  :func:`arlopti.algorithms.token_methods.effective_weight` of its shaping computed on the whole
-  batch (one "micro-batch"; entropy from the same forward): ``adv_weight · keep``. This is exact
-  for the first step: at ratio 1 the gradient of :func:`~arlopti.algorithms.grpo_objective` with
-  the method equals the plain GRPO gradient with A' (a per-token clip bound is inactive at ratio 1,
-  KL-Cov's |logπ − logπ_old| has zero (sub)gradient there, and the analysis has no KL term).
-  Consequently **Archer and KL-Cov equal GRPO on a first step from θ**: they act only off-policy
-  (later mini-batches / epochs) or through the KL term, which a one-step comparison cannot show.
-  AR: A' = (α·p_old + 1 − α)·A; Lopti: A on the low phase (p_old < η), then the high phase;
+* its **effective advantages** A'_t = c_t·A_t at θ: the GRPO advantages A'_t with which plain GRPO's first
+  step would equal the method's. How they are found depends on the method's kind:
+
+  - a token method whose shaping is a weight or a mask: c_t is
+    :func:`arlopti.algorithms.token_methods.effective_weight` of its shaping computed on the whole
+    batch (one "micro-batch"; entropy from the same forward): ``adv_weight · keep``. This is exact
+    for the first step: at ratio 1 the gradient of :func:`~arlopti.algorithms.grpo_objective` with
+    the method equals the plain GRPO gradient with A' (a per-token clip bound is inactive at ratio 1,
+    KL-Cov's |logπ − logπ_old| has zero (sub)gradient there, and the analysis has no KL term).
+    Consequently **Archer and KL-Cov equal GRPO on a first step from θ**: they act only off-policy
+    (later mini-batches / epochs) or through the KL term, which a one-step comparison cannot show;
+  - a policy loss, or a token method that adds a term acting at θ (Lp-Reg's KL toward its proxy):
+    A'_t = −N·∂L/∂logπ_t of grpo_objective with the method (N the batch's tokens), by autograd on the
+    sampled tokens' log-probs — exact whenever the loss's gradient flows only through them. It does
+    for every loss but SimKO, whose top-K term also moves the K most likely tokens of a position:
+    SimKO's first step is therefore computed on the model (:func:`objective_gradients`), and its A'
+    (the sampled tokens' share) feeds only the weight and mass columns. DPPO, SAPO, CE-GPPO, ASPO,
+    CISPO and GSPO equal GRPO at ratio 1 (their differences are off-policy), like Archer;
+  - an estimator: its advantages recomputed from the batch's own sequence advantages A_i taken as the
+    responses' scores (so every estimator sees the signal the GRPO rows see; synthetic ±1 ones
+    included), with π_θ's Σ p² for OTB;
+
+  AR: A' = (α·p_old + 1 − α)·A; Lopti: A on the low phase (p_old < η), then the high phase. Where A is 0,
+  c is reported as 1;
 * ``effective_weight``: the mean c_t per bucket of p_old (the multiplier relative to GRPO; Lopti 1);
 * ``mass_share``: the gradient-mass share per bucket, Σ|A'_t|·(1 − p_t) over the bucket divided by
   the total (:func:`arlopti.algorithms.buckets.grad_mass_shares`; Lopti: both phases' tokens);
@@ -24,85 +43,229 @@ each method:
   :mod:`.update_direction`): the Fig. 3 fractions ``pos_frac`` / ``neg_frac`` per bucket and the
   mean Δp over A > 0 / A < 0 tokens per bucket (:func:`.prob_shift.delta_p_stats`).
 
-Buckets are by p_old; the update-direction sign is that of the GRPO advantage (no method here
-flips it). Clip-Cov and KL-Cov use ``cov_ratio`` (``--cov-ratio``, default 0.02: verl's 2e-4 would
-select one token of a ~10³-token batch and show nothing). A method whose first-step advantages and
-phases equal an earlier method's is not recomputed: its entry copies that one's numbers and says
-``same_update_as``.
+Every method runs under the analysis's token-mean over all tokens (``LossConfig``'s settings
+elsewhere), whatever aggregation its experiment sets. Buckets are by p_old; the update-direction sign is
+that of the GRPO advantage. Clip-Cov and KL-Cov use ``cov_ratio`` (``--cov-ratio``, default 0.02:
+verl's 2e-4 would select one token of a ~10³-token batch and show nothing); Lp-Reg's lowest-p share is
+its default 0.01 (on a small batch k = ⌊0.01·n⌋ ≤ 1 selects nothing, and it equals GRPO). A method whose
+first-step advantages and phases equal an earlier method's is not recomputed: its entry copies that one's
+numbers and says ``same_update_as``. Each entry's ``kind`` says how its A' was found.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from arlopti.algorithms import advantage_reweight, lopti_masks
+from arlopti.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LossConfig, advantage_reweight, grpo_objective
+from arlopti.algorithms import lopti_masks, outcome_token_rewards
+from arlopti.algorithms.advantages import OldPolicyStats
 from arlopti.algorithms.token_methods import effective_weight, make_context, token_shaping
 from arlopti.algorithms.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_index, bucket_means, grad_mass_shares,
                                       per_bucket_dict, update_direction_counts, update_direction_fractions)
 from arlopti.analysis.prob_shift import delta_p_stats
 from arlopti.analysis.updates import (LossSpec, WeightSnapshot, add_gradients, apply_gradient, loss_gradients,
-                                      make_optimizer, sampled_log_probs)
+                                      make_optimizer, micro_batches, sampled_log_probs, trainable)
 from arlopti.config import TokenMethodConfig
+from arlopti.config.registries import TOKEN_METHODS
+from arlopti.ops.tile_stats import StatsRequest, TokenStats
 
 log = logging.getLogger(__name__)
 
 BASE_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
-TOKEN_METHODS = ("clip_cov", "kl_cov", "top_entropy", "archer", "tr_grpo", "reverse")
-METHODS = BASE_METHODS + TOKEN_METHODS
+#: the defaults each registry's entries are compared against (GRPO is them all)
+_DEFAULTS = {"token_method": "none", "policy_loss": "ppo_clip", "estimator": "grpo"}
+#: losses whose gradient also leaves the sampled tokens (SimKO's top K): their first step runs on the model
+_MODEL_LOSSES = ("simko",)
+
+
+def registered_methods() -> tuple[str, ...]:
+    """The base methods, then every registered token method, policy loss and estimator but the defaults."""
+    import arlopti.algorithms  # noqa: F401  (fills the registries)
+
+    names = list(BASE_METHODS)
+    for kind, reg in (("token_method", TOKEN_METHODS), ("policy_loss", POLICY_LOSSES),
+                      ("estimator", ADVANTAGE_ESTIMATORS)):
+        names += [n for n in reg.names() if n != _DEFAULTS[kind] and n not in names]
+    return tuple(names)
+
+
+def method_kind(name: str) -> str:
+    """``base``, ``token_method``, ``policy_loss`` or ``estimator`` (a name is in one registry only)."""
+    if name in BASE_METHODS:
+        return "base"
+    for kind, reg in (("token_method", TOKEN_METHODS), ("policy_loss", POLICY_LOSSES),
+                      ("estimator", ADVANTAGE_ESTIMATORS)):
+        if name in reg.names() and name != _DEFAULTS[kind]:
+            return kind
+    raise ValueError(f"--methods: unknown method {name!r}; choose from {list(registered_methods())}")
+
+
+METHODS = registered_methods()
+
+
+def method_config(name: str, token_cfg: TokenMethodConfig) -> LossConfig:
+    """The analysis's :class:`~arlopti.algorithms.LossConfig` of one method (no KL, no entropy bonus)."""
+    kind = method_kind(name)
+    tm = replace(token_cfg, name=name if kind == "token_method" else "none")
+    loss = name if kind == "policy_loss" else "ppo_clip"
+    return LossConfig(kl_coef=0.0, entropy_coef=0.0, token_method=tm, policy_loss=loss,
+                      dual_clip=None if kind == "policy_loss" else 10.0)
+
+
+def method_stats(name: str, token_cfg: TokenMethodConfig, temperature: float) -> StatsRequest:
+    """What the method reads of π_θ's full distribution (:mod:`arlopti.algorithms.forward_needs`)."""
+    from arlopti.algorithms.forward_needs import forward_stats, old_pass_stats
+
+    cfg = method_config(name, token_cfg)
+    if method_kind(name) == "estimator":
+        cfg = replace(cfg, advantage=name)
+    return forward_stats(cfg, temperature).merge(old_pass_stats(cfg))
 
 
 @torch.no_grad()
 def sampled_entropy(policy, batch, micro_batch_size: int = 8) -> Tensor:
     """``[B, R]`` per-token entropy of π_θ at the batch's temperature (eval mode), 0 on padding."""
-    from arlopti.learner.policy import batched_logprobs
+    return sampled_statistics(policy, batch, StatsRequest(), micro_batch_size)[0]
 
+
+@torch.no_grad()
+def sampled_statistics(policy, batch, request: StatsRequest, micro_batch_size: int = 8
+                       ) -> tuple[Tensor, TokenStats]:
+    """``(entropy [B, R], TokenStats)`` of π_θ at the batch's temperature from one no-grad pass (eval mode),
+    0 on padding (the min-p proxy keeps its −inf where a token is filtered)."""
     was = policy.training
     policy.eval()
+    ents, parts = [], []
     try:
-        _, ent = batched_logprobs(policy, batch.input_ids, batch.attention_mask, batch.prompt_len, batch.temperature,
-                                  micro_batch_size, with_entropy=True)
+        for lo in range(0, len(batch), micro_batch_size):
+            hi = lo + micro_batch_size
+            _, ent, st = policy(batch.input_ids[lo:hi], batch.attention_mask[lo:hi], batch.prompt_len,
+                                batch.temperature, True, stats=request)
+            ents.append(ent)
+            parts.append(st)
     finally:
         policy.train(was)
-    return ent * batch.response_mask
+    mask = batch.response_mask
+    stats = TokenStats(*(None if col[0] is None else torch.cat(col) for col in zip(*parts)))
+    return torch.cat(ents) * mask, stats
+
+
+def _loss_advantages(cfg: LossConfig, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, entropy: Tensor,
+                     dist: TokenStats) -> Tensor:
+    """A'_t = −N·∂L/∂logπ_t of grpo_objective with ``cfg`` at ``logp`` (module docstring)."""
+    lp = logp.detach().clone().requires_grad_(True)
+    n = float(mask.sum())
+    if n == 0:
+        return torch.zeros_like(adv)
+    loss, _ = grpo_objective(lp, old, adv, mask, mask, cfg, entropy=entropy, dist=dist, scale=n)
+    (g,) = torch.autograd.grad(loss, lp, allow_unused=True)
+    return torch.zeros_like(adv) if g is None else (-g * n).detach() * mask
+
+
+def _estimator_advantages(name: str, batch, cur: Tensor, dist: TokenStats) -> Tensor:
+    """The estimator's token advantages with the batch's sequence advantages as the scores (module docstring)."""
+    mask = batch.response_mask
+    rewards = outcome_token_rewards(batch.seq_advantages, mask)
+    old = OldPolicyStats(cur, dist.sum_p2)
+    return ADVANTAGE_ESTIMATORS.get(name)(rewards, mask, batch.group_ids, old=old).to(mask.dtype) * mask
+
+
+def _multiplier(adv_eff: Tensor, adv: Tensor, mask: Tensor) -> Tensor:
+    """c_t = A'_t / A_t where A_t ≠ 0, else 1."""
+    nz = adv != 0
+    return torch.where(nz, adv_eff / torch.where(nz, adv, torch.ones_like(adv)), torch.ones_like(adv)) * mask
 
 
 def method_plan(name: str, old: Tensor, entropy: Tensor, adv: Tensor, mask: Tensor, alpha: float, eta: float,
-                token_cfg: TokenMethodConfig) -> tuple[Tensor, Tensor, list[Tensor]]:
+                token_cfg: TokenMethodConfig, dist: TokenStats | None = None, batch=None,
+                cur: Tensor | None = None) -> tuple[Tensor, Tensor, list[Tensor]]:
     """``(c, A', phases)`` of one method at θ (module docstring): the per-token multiplier c,
-    the effective advantages and the token masks of its phases in order."""
+    the effective advantages and the token masks of its phases in order. ``cur`` is logπ_θ (default
+    ``old``); ``dist`` π_θ's statistics the method reads; ``batch`` (an estimator's scores)."""
     valid = mask.bool()
     low, high = lopti_masks(old, mask, eta)
     ones = torch.ones_like(adv)
+    cur = old if cur is None else cur
+    dist = TokenStats() if dist is None else dist
+    kind = method_kind(name)
     if name in ("grpo", "lopti"):
         c = ones
     elif name in ("ar", "ar_lopti"):
         c = advantage_reweight(ones, old, alpha)
-    elif name in TOKEN_METHODS:
-        ctx = make_context(old, old, adv * mask, mask, mask, entropy)
-        c = effective_weight(ctx, token_shaping(ctx, replace(token_cfg, name=name)))
+    elif kind == "token_method":
+        ctx = make_context(cur, old, adv * mask, mask, mask, entropy, dist=dist)
+        shaping = token_shaping(ctx, replace(token_cfg, name=name))
+        if shaping.proxy_kl_coef is None:  # a weight or mask: exact as c
+            c = effective_weight(ctx, shaping)
+        else:  # an added term that acts at θ (Lp-Reg)
+            c = _multiplier(_loss_advantages(method_config(name, token_cfg), cur, old, adv, mask, entropy, dist),
+                            adv, mask)
+    elif kind == "policy_loss":
+        c = _multiplier(_loss_advantages(method_config(name, token_cfg), cur, old, adv, mask, entropy, dist),
+                        adv, mask)
     else:
-        raise ValueError(f"--methods: unknown method {name!r}; choose from {list(METHODS)}")
-    phases = [low, high] if name.endswith("lopti") else [valid]
+        if batch is None:
+            raise ValueError(f"method {name!r} is an advantage estimator: method_plan needs the batch's scores")
+        return _multiplier(_estimator_advantages(name, batch, cur, dist), adv, mask), \
+            _estimator_advantages(name, batch, cur, dist), [valid]
+    phases = [low, high] if name.endswith("lopti") and kind == "base" else [valid]
     return c * mask, adv * c, phases
+
+
+def objective_gradients(policy, batch, old: Tensor, adv: Tensor, cfg: LossConfig, weights: dict[str, Tensor],
+                        request: StatsRequest, micro_batch_size: int = 4) -> dict[str, list[Tensor]]:
+    """Per-weight parameter gradients of grpo_objective with ``cfg`` on the model itself (one forward per
+    micro-batch with the statistics of ``request``), each token's loss times ``weights[k]`` (a 0/1 mask
+    restricts it to a bucket: the shaping still sees every token), normalised by the batch's tokens."""
+    params = trainable(policy)
+    bank = {k: [torch.zeros_like(p, dtype=torch.float32) for p in params] for k in weights}
+    total, mask = float(batch.response_mask.sum()), batch.response_mask
+    if total == 0:
+        return bank
+    was = policy.training
+    policy.eval()
+    try:
+        for rows, ids, attn, r in micro_batches(batch, micro_batch_size):
+            with torch.enable_grad():
+                logp, ent, dist = policy(ids, attn, batch.prompt_len, batch.temperature, True, stats=request)
+                m = mask[rows, :r]
+                for i, (k, w) in enumerate(weights.items()):
+                    loss, _ = grpo_objective(logp, old[rows, :r], adv[rows, :r], m, m, cfg, entropy=ent.detach(),
+                                             dist=dist, scale=total, token_weight=w[rows, :r])
+                    grads = torch.autograd.grad(loss, params, retain_graph=i + 1 < len(weights), allow_unused=True)
+                    for acc, g in zip(bank[k], grads):
+                        if g is not None:
+                            acc.add_(g.float())
+    finally:
+        policy.train(was)
+    return bank
 
 
 def _dot(a: list[Tensor], b: list[Tensor]) -> float:
     return float(sum((x.double() * y.double()).sum() for x, y in zip(a, b)))
 
 
+def _spec_gradients(policy, batch, old: Tensor, adv_eff: Tensor, micro_batch_size: int):
+    """``masks -> bank``: GRPO's gradient with the effective advantages on each mask's tokens."""
+    return lambda masks: loss_gradients(policy, batch, old, {k: LossSpec(adv_eff, m) for k, m in masks.items()},
+                                        micro_batch_size)
+
+
 def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Tensor], idx: Tensor, optimizer: str,
-                   lr: float, micro_batch_size: int) -> dict:
+                   lr: float, micro_batch_size: int, gradients=None) -> dict:
     """One method's update from the current weights (module docstring): the per-bucket gradient
     norm shares of its first step, its phases' optimizer steps, then the direction and size of the
-    probability changes by bucket."""
+    probability changes by bucket. ``gradients`` (``masks -> bank``; default GRPO with ``adv_eff``,
+    :func:`_spec_gradients`) computes a loss's gradient restricted to each mask's tokens."""
     mask, adv, p_old = batch.response_mask, batch.advantages, torch.exp(old.float())
+    gradients = gradients or _spec_gradients(policy, batch, old, adv_eff, micro_batch_size)
     first = phases[0].bool()
-    specs = {f"b{b}": LossSpec(adv_eff, (first & (idx == b)).float()) for b in range(NUM_BUCKETS)}
-    bank = loss_gradients(policy, batch, old, specs, micro_batch_size)
+    bank = gradients({f"b{b}": (first & (idx == b)).float() for b in range(NUM_BUCKETS)})
     g = add_gradients(*(bank[f"b{b}"] for b in range(NUM_BUCKETS)))
     gg = _dot(g, g)
     norm_share = [(_dot(bank[f"b{b}"], g) / gg) if gg > 0 else None for b in range(NUM_BUCKETS)]
@@ -115,8 +278,7 @@ def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Ten
     del g
     for ph in phases[1:]:
         if bool(ph.any()):
-            g2 = loss_gradients(policy, batch, old, {"p": LossSpec(adv_eff, ph.float())}, micro_batch_size)["p"]
-            norms.append(apply_gradient(policy, opt, g2, None))
+            norms.append(apply_gradient(policy, opt, gradients({"p": ph.float()})["p"], None))
     new = sampled_log_probs(policy, batch, micro_batch_size)
     pos, neg = update_direction_fractions(update_direction_counts(old, new, adv, mask))
     dp = delta_p_stats(old, new, adv, mask)
@@ -137,28 +299,43 @@ def compare_methods(policy, batch, methods: tuple[str, ...] = METHODS, alpha: fl
                     old_log_probs: Tensor | None = None, token_cfg: TokenMethodConfig | None = None) -> dict:
     """Every method's numbers (module docstring); the weights are restored afterwards."""
     token_cfg = token_cfg or TokenMethodConfig(cov_ratio=0.02)
+    kinds = {m: method_kind(m) for m in methods}
     old = sampled_log_probs(policy, batch, micro_batch_size) if old_log_probs is None else old_log_probs
     mask, adv = batch.response_mask, batch.advantages
-    ent = sampled_entropy(policy, batch, micro_batch_size) if set(methods) & {"top_entropy", "archer"} \
-        else torch.zeros_like(mask)
+    request = StatsRequest()
+    for m in methods:
+        request = request.merge(method_stats(m, token_cfg, batch.temperature))
+    if any(k != "base" for k in kinds.values()):  # entropy and π_θ's statistics in one no-grad pass
+        ent, dist = sampled_statistics(policy, batch, replace(request, top_k=0), micro_batch_size)
+        cur = sampled_log_probs(policy, batch, micro_batch_size) if old_log_probs is not None else old
+    else:
+        ent, dist, cur = torch.zeros_like(mask), TokenStats(), old
     p_old = torch.exp(old.float())
     idx = bucket_index(p_old)
     snap = WeightSnapshot(policy)
     results, seen = {}, []
     try:
         for m in methods:
-            c, adv_eff, phases = method_plan(m, old, ent, adv, mask, alpha, eta, token_cfg)
-            same = next((prev for prev, a, ph in seen if torch.equal(a, adv_eff) and len(ph) == len(phases)
-                         and all(torch.equal(x, y) for x, y in zip(ph, phases))), None)
-            seen.append((m, adv_eff, phases))
+            d = dist if m not in _MODEL_LOSSES else dist._replace(top_log_probs=_top_k(policy, batch, m, token_cfg,
+                                                                                        micro_batch_size))
+            c, adv_eff, phases = method_plan(m, old, ent, adv, mask, alpha, eta, token_cfg, d, batch, cur)
+            same = None if m in _MODEL_LOSSES else next(
+                (prev for prev, a, ph in seen if torch.equal(a, adv_eff) and len(ph) == len(phases)
+                 and all(torch.equal(x, y) for x, y in zip(ph, phases))), None)
+            seen.append((m, adv_eff, phases) if m not in _MODEL_LOSSES else (m, torch.full_like(adv, math.nan), []))
+            entry = {"kind": kinds[m], "effective_weight": per_bucket_dict(bucket_means(c, p_old, mask))}
             if same is not None:  # identical first step (e.g. Archer, KL-Cov vs GRPO): identical numbers
-                results[m] = {**results[same], "effective_weight": per_bucket_dict(bucket_means(c, p_old, mask)),
-                              "same_update_as": same}
+                results[m] = {**results[same], **entry, "same_update_as": same}
                 continue
             log.info("compare-methods: %s", m)
             snap.restore()
-            results[m] = {"effective_weight": per_bucket_dict(bucket_means(c, p_old, mask)),
-                          **_method_update(policy, batch, old, adv_eff, phases, idx, optimizer, lr, micro_batch_size)}
+            grads = None
+            if m in _MODEL_LOSSES:
+                cfg, req = method_config(m, token_cfg), method_stats(m, token_cfg, batch.temperature)
+                grads = lambda masks, cfg=cfg, req=req: objective_gradients(  # noqa: E731
+                    policy, batch, old, adv, cfg, masks, req, micro_batch_size)
+            results[m] = {**entry, **_method_update(policy, batch, old, adv_eff, phases, idx, optimizer, lr,
+                                                    micro_batch_size, grads)}
     finally:
         snap.restore()
     return {"optimizer": optimizer, "lr": lr, "alpha": alpha, "eta": eta,
@@ -166,6 +343,21 @@ def compare_methods(policy, batch, methods: tuple[str, ...] = METHODS, alpha: fl
             "advantage_source": batch.advantage_source, "methods": results,
             "tokens_per_bucket": per_bucket_dict(torch.stack([(idx[mask.bool()] == b).sum() for b in
                                                               range(NUM_BUCKETS)]).float())}
+
+
+@torch.no_grad()
+def _top_k(policy, batch, name: str, token_cfg: TokenMethodConfig, micro_batch_size: int) -> Tensor:
+    """π_θ's top-K log-probs ``[B, R, K]`` (detached) for a model loss's sampled-token share of A'."""
+    req = StatsRequest(top_k=method_stats(name, token_cfg, batch.temperature).top_k)
+    was = policy.training
+    policy.eval()
+    try:
+        tops = [policy(batch.input_ids[lo:lo + micro_batch_size], batch.attention_mask[lo:lo + micro_batch_size],
+                       batch.prompt_len, batch.temperature, False, stats=req)[2].top_log_probs
+                for lo in range(0, len(batch), micro_batch_size)]
+    finally:
+        policy.train(was)
+    return torch.cat(tops)
 
 
 def markdown_table(result: dict, bucket: str = BUCKET_NAMES[-1]) -> str:
