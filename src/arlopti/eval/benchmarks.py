@@ -134,12 +134,6 @@ def load_benchmark(name: str, data_dir: str | Path | None = None, limit: int | N
     return [BenchmarkItem(p.problem, p.answer, f"math/{name}/{i}") for i, p in enumerate(problems)]
 
 
-def load_benchmarks(names: list[str], data_dir: str | Path | None = None,
-                    limit: int | None = None) -> dict[str, list[BenchmarkItem]]:
-    """``{name: load_benchmark(name, data_dir, limit)}`` for each name."""
-    return {n: load_benchmark(n, data_dir, limit) for n in names}
-
-
 def describe() -> list[dict[str, Any]]:
     """One row per registered benchmark (name, file, size, description, hub id)."""
     return [vars(s) for s in BENCHMARKS.values()]
