@@ -161,7 +161,8 @@ def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: s
     policy.train(was_training)
     if stats is None:
         return old * mask, ref_lp
-    return old * mask, ref_lp, TokenStats(**{k: v * mask for k, v in per_token.items()})
+    kept = {k: torch.where(mask > 0, v, torch.zeros_like(v)) for k, v in per_token.items()}  # no -inf * 0
+    return old * mask, ref_lp, TokenStats(**kept)
 
 
 def _per_token_fields(stats: StatsRequest) -> list[str]:
