@@ -83,7 +83,7 @@ def test_plain_jsonl_gz_with_lists_and_numbers(tmp_path):
 
 
 def test_dsr_uniform_default_reads_the_shared_fixture(tmp_path, monkeypatch):
-    from arlopti.eval.benchmarks import default_math_dir
+    from arlopti.tasks.math.benchmarks import default_math_dir
 
     if not (default_math_dir() / prepare_math.DSR_UNIFORM_FIXTURE).exists():
         pytest.skip("shared DSR-Uniform fixture absent")

@@ -2,7 +2,7 @@
 
 Train prompts come from one file (any layout :mod:`arlopti.tasks.math.readers` reads: the
 prepared JSONL, the shared DSR-Uniform fixture, a verl parquet, ORZ JSON); validation sets are
-benchmarks from :mod:`arlopti.eval.benchmarks`. Each problem becomes the official prompt
+benchmarks from :mod:`arlopti.tasks.math.benchmarks`. Each problem becomes the official prompt
 (problem + suffix) in the ``raw`` or ``chat`` template. Tokenising, length filtering, sharding
 and resumable order come from :class:`~arlopti.data.prompt_datamodule.PromptDataModule`.
 
@@ -58,7 +58,7 @@ class MathDataModule(PromptDataModule):
         self.val_data_dir = val_data_dir
         self.limit = limit
         if self.val_benchmarks:
-            from arlopti.eval.benchmarks import list_benchmarks
+            from arlopti.tasks.math.benchmarks import list_benchmarks
 
             unknown = [b for b in self.val_benchmarks if b not in list_benchmarks()]
             if unknown:
@@ -87,10 +87,10 @@ class MathDataModule(PromptDataModule):
     def val_records(self) -> dict[str, list[PromptRecord]]:
         if not self.val_benchmarks:
             return {}
-        from arlopti.eval.benchmarks import load_benchmark
+        from arlopti.tasks.math.benchmarks import load_benchmark
 
         out = {}
-        from arlopti.eval.benchmarks import BENCHMARKS, default_math_dir
+        from arlopti.tasks.math.benchmarks import BENCHMARKS, default_math_dir
 
         for name in self.val_benchmarks:
             items = load_benchmark(name, self.val_data_dir, self.val_limit)

@@ -85,7 +85,7 @@ def load_problems(args: argparse.Namespace) -> tuple[list[MathProblem], str]:
             raise PrepareError(f"{name}: --input {args.input} does not exist")
         return read_math_file(args.input, args.limit), str(args.input)
     if name == "dsr_uniform":
-        from arlopti.eval.benchmarks import default_math_dir
+        from arlopti.tasks.math.benchmarks import default_math_dir
 
         fixture = default_math_dir() / DSR_UNIFORM_FIXTURE
         if fixture.exists():

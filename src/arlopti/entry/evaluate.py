@@ -2,7 +2,7 @@
 
 A suite config (``configs/eval/*.yaml``) names a task and its sets:
 
-* ``task: math``: ``benchmarks`` from :mod:`arlopti.eval.benchmarks`, ``template`` raw|chat;
+* ``task: math``: ``benchmarks`` from :mod:`arlopti.tasks.math.benchmarks`, ``template`` raw|chat;
 * ``task: kk``: ``people`` (e.g. [3, 4, 5, 6, 7]) read as ``kk_test_{N}ppl.jsonl`` from
   ``data_dir`` (the official 100-puzzle test sets), ``template`` official (the records' own prompt)|qwen-instruct|base;
 * ``source: data`` (``eval=val``): the validation sets of the ``data`` config (any
@@ -51,7 +51,7 @@ def suite_records(suite: dict) -> dict[str, list[PromptRecord]]:
     task, limit = suite["task"], suite.get("limit")
     out: dict[str, list[PromptRecord]] = {}
     if task == "math":
-        from arlopti.eval.benchmarks import load_benchmark
+        from arlopti.tasks.math.benchmarks import load_benchmark
         from arlopti.tasks.math.prompts import build_prompt
 
         for name in suite["benchmarks"]:

@@ -187,7 +187,7 @@ BENCH_FILES = {"aime24": "aime2024.jsonl", "amc83": "amc_2022_2023_83.jsonl", "m
 
 
 def _items(name):
-    from arlopti.eval.benchmarks import load_benchmark
+    from arlopti.tasks.math.benchmarks import load_benchmark
 
     need_fixture(f"math/{BENCH_FILES[name]}")
     return load_benchmark(name)

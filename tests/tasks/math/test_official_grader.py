@@ -364,7 +364,7 @@ def _need_fixture(rel: str):
 
 @pytest.mark.parametrize("name", list(BENCHMARKS))
 def test_benchmark_golds_accepted_and_no_false_positives(official_grader, name):
-    from arlopti.eval.benchmarks import load_benchmark
+    from arlopti.tasks.math.benchmarks import load_benchmark
 
     _need_fixture(f"math/{BENCHMARKS[name]}")
     items = load_benchmark(name)

@@ -24,7 +24,7 @@ from arlopti.tasks.math.readers import Answer, convert_rows, read_math_file
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 @dataclass(frozen=True)

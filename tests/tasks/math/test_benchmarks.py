@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from arlopti.eval.benchmarks import BENCHMARKS, default_math_dir, list_benchmarks, load_benchmark
+from arlopti.tasks.math.benchmarks import BENCHMARKS, default_math_dir, list_benchmarks, load_benchmark
 
 SIZES = {"aime24": 30, "amc83": 83, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675}
 
@@ -74,7 +74,7 @@ def test_an_empty_or_short_validation_benchmark_is_never_silent(tmp_path, caplog
     import logging
 
     from arlopti.data.math_datamodule import MathDataModule
-    from arlopti.eval.benchmarks import BENCHMARKS
+    from arlopti.tasks.math.benchmarks import BENCHMARKS
 
     train = tmp_path / "train.jsonl"
     train.write_text('{"problem": "1+1?", "answer": "2"}\n')
