@@ -37,6 +37,7 @@ LINE_FIELDS = (
     ("ent", "update/entropy", "{:.3f}"),
     ("clip", "update/clip_frac", "{:.3f}"),  # clip_frac_low + clip_frac_high (+ dual), see clip_fraction
     ("len", "rollout/response_len_mean", "{:.0f}"),
+    ("turns", "turns/mean", "{:.2f}"),  # multi-turn episodes only (task.env)
 )
 
 
@@ -116,7 +117,8 @@ def format_line(step: int, total: float, metrics: dict[str, float], step_s: floa
 
 #: (label, metric tag, format) of the compact line (:func:`format_compact`).
 COMPACT_FIELDS = (("rew", "reward/mean", "{:.3f}"), ("acc", "reward/accuracy", "{:.3f}"),
-                  ("kl", "update/kl", "{:.1e}"), ("len", "rollout/response_len_mean", "{:.0f}"))
+                  ("kl", "update/kl", "{:.1e}"), ("len", "rollout/response_len_mean", "{:.0f}"),
+                  ("turns", "turns/mean", "{:.1f}"))
 #: Terminal columns from which the long line is used (Hydra's console prefix takes about 50).
 LONG_LINE_COLUMNS = 160
 

@@ -7,7 +7,10 @@ source (:mod:`arlopti.rollout.source`, built in ``setup`` by :func:`arlopti.roll
 colocated HF, colocated vLLM, or the rollout workers of ``placement=server``) returns
 ``sizes.group_size`` episodes per prompt of this rank's share of the batch, synced to the learner's
 ``weight_version`` (or, on the workers, within ``rollout.async.max_staleness``); (3) **score**: the task
-rewards each episode (plus DAPO's overlong shaping when ``algorithm.dapo.overlong_buffer > 0``:
+rewards each episode's final answer (``Episode.text``), plus the environment's reward of a multi-turn
+episode (``task.env``: :func:`arlopti.rollout.turns.with_env_rewards`, the component ``env_reward``;
+the turn loop itself runs inside the source, :mod:`arlopti.rollout.turns`), plus DAPO's overlong
+shaping when ``algorithm.dapo.overlong_buffer > 0``:
 :func:`arlopti.algorithms.dapo.overlong_penalty`, with ``L_max = rollout.max_new_tokens`` and lengths in
 the episode's sampled tokens, logged as the reward component ``overlong_penalty``); (4) with
 ``algorithm.dapo.dynamic_sampling`` keeps only the groups that carry signal, collecting more prompts
@@ -64,6 +67,7 @@ from arlopti.rollout.episode import Episode
 from arlopti.rollout.factory import build_rollouts
 from arlopti.rollout.server_rollouts import RolloutWorkersLost
 from arlopti.rollout.source import Collected, RolloutSource
+from arlopti.rollout.turns import build_turn_loop, with_env_rewards
 from arlopti.tasks.base import RewardResult, Task, get_task
 
 log = logging.getLogger(__name__)
@@ -115,9 +119,10 @@ def prompt_datamodule_of(trainer, why: str):
 
 
 class RolloutCallback(L.Callback):
-    def __init__(self, group_size: int, task_kwargs: dict | None = None):
+    def __init__(self, group_size: int, task_kwargs: dict | None = None, env=None):
         self.group_size = group_size
         self.task_kwargs = dict(task_kwargs or {})
+        self.env = env  # the run's task.* environment settings (arlopti.config.schema.EnvConfig), or None
         self.source: RolloutSource | None = None
         self._tasks: dict[str, Task] = {}
 
@@ -144,6 +149,9 @@ class RolloutCallback(L.Callback):
                                          engine=getattr(pl_module, "rollout_engine", None))
             if self.source.engine is not None:
                 pl_module.rollout_engine = self.source.engine
+            # HF under data parallelism: every rank makes every turn's generate call (FSDP2 gathers in it)
+            lockstep = r.placement != "server" and r.backend == "hf" and trainer.world_size > 1
+            self.source.turns = build_turn_loop(r, self.env, pl_module.tokenizer, lockstep=lockstep)
 
     def on_train_start(self, trainer, pl_module) -> None:
         k = pl_module.cfg.rollout.async_.max_staleness
@@ -235,6 +243,7 @@ class RolloutCallback(L.Callback):
             scored = self.task(name).score([texts[i] for i in idx], [gts[i] for i in idx], [metas[i] for i in idx])
             for i, res in zip(idx, scored):
                 results[i] = res
+        results = with_env_rewards(results, flat)
         d, r = pl_module.cfg.algorithm.dapo, pl_module.cfg.rollout
         if d.overlong_buffer > 0:
             results = shape_overlong(results, [e.sampled_tokens for e in flat], r.max_new_tokens,
@@ -242,8 +251,9 @@ class RolloutCallback(L.Callback):
         timings["scoring_s"] += time.perf_counter() - t1
         groups, start = [], 0
         for i, es in enumerate(episodes):
-            groups.append(Group(prompts.prompt_ids[i], prompts.prompt_texts[i], prompts.metas[i], list(es),
-                                results[start:start + len(es)]))
+            ids = es[0].prompt_ids if es and es[0].prompt_ids is not None else prompts.prompt_ids[i]  # env's prompt
+            text = es[0].meta.get("prompt_text", prompts.prompt_texts[i]) if es else prompts.prompt_texts[i]
+            groups.append(Group(ids, text, prompts.metas[i], list(es), results[start:start + len(es)]))
             start += len(es)
         return groups
 

@@ -11,6 +11,7 @@ import inspect
 import sys
 
 from arlopti.config import field_default, config_key, field_choices, schemas
+from arlopti.config.schema import EnvConfig
 
 
 def _yaml(value) -> str:
@@ -88,6 +89,7 @@ def render() -> str:
     ]
     for group, cls in schemas().items():
         lines += _section(cls, group, 2)
+    lines += _section(EnvConfig, "task", 2)  # not a run-config group: the task node's environment keys
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -221,6 +221,22 @@ def _validate_algorithm(a: AlgorithmConfig, r: RolloutConfig) -> None:
     _validate_token_method(a)
     d = a.dapo
     check_overlong_buffer(d.overlong_buffer, r.max_new_tokens)
+    _validate_turns(a, r)
+
+
+def _validate_turns(a: AlgorithmConfig, r: RolloutConfig) -> None:
+    """Multi-turn episodes (``rollout.max_turns > 1``): what is defined on one response does not apply."""
+    if r.max_turns == 1:
+        return
+    _require(a.dapo.overlong_buffer == 0,
+             f"algorithm.dapo.overlong_buffer={a.dapo.overlong_buffer} with rollout.max_turns={r.max_turns}: DAPO's "
+             "overlong penalty ramps over the last tokens before one response's limit, and a multi-turn episode has "
+             "a limit per turn and one for the whole episode (model and environment tokens); set "
+             "algorithm.dapo.overlong_buffer=0 (a truncated episode can still leave the loss: "
+             "algorithm.dapo.mask_truncated=true)")
+    _require(r.episode_tokens >= r.max_turns,
+             f"rollout.max_episode_tokens={r.max_episode_tokens} leaves less than one token per turn for "
+             f"rollout.max_turns={r.max_turns}; raise it (null = max_turns x max_new_tokens)")
 
 
 def _validate_correction(rc: RolloutCorrectionConfig, r: RolloutConfig) -> None:

@@ -445,8 +445,19 @@ class RolloutConfig:
     temperature: float = setting(0.7, "sampling temperature; also divides the logits of every training log-prob")
     top_p: float = setting(1.0, "nucleus sampling", range="(0, 1]")
     top_k: int = setting(-1, "top-k sampling; -1 = off")
-    max_new_tokens: int = setting(256, "response length limit", range="[1, inf)")
+    max_new_tokens: int = setting(256, "response length limit (a multi-turn episode: of each model turn)",
+                                  range="[1, inf)")
     stop: list[str] = setting(help="extra stop strings", factory=list)
+    max_turns: int = setting(1, "model turns per episode; above 1 the environment (task.env) replies between them "
+                                "(docs/multi_turn.md; TRL: max_tool_calling_iterations + 1; verl: "
+                                "multi_turn.max_assistant_turns); 1 = one response", range="[1, inf)")
+    max_episode_tokens: int | None = setting(
+        None, "tokens after the prompt in a whole episode, the model's and the environment's; a reply that would "
+              "pass it is dropped and the episode ends there, truncated (TRL's rollback); null = max_turns x "
+              "max_new_tokens", range="[1, inf)")
+    max_reply_tokens: int = setting(256, "an environment reply longer than this (tokens, encoded) is replaced by an "
+                                         "error reply and counted as a tool error (verl: max_tool_response_length)",
+                                    range="[1, inf)")
     seed: int = setting(0, "sampling seed (the YAML sets ${seed})")
     generation_batch_size: int = setting(64, "responses per HF generate call", range="[1, inf)")
     hf_decoder: str = setting("loop", "HF engine: how it decodes (the same tokens either way)",
@@ -477,6 +488,32 @@ class RolloutConfig:
                                                 "rollout.async; docs/scaling.md)"})
     server: ServerConfig = setting(help="the rollout workers of placement=server", factory=ServerConfig)
     async_: AsyncConfig = setting(help="bounded staleness of placement=server", factory=AsyncConfig, key="async")
+
+    @property
+    def episode_tokens(self) -> int:
+        """The token limit of an episode after its prompt (``max_episode_tokens``, or its default)."""
+        return self.max_episode_tokens or self.max_turns * self.max_new_tokens
+
+
+@dataclass
+class EnvConfig:
+    """The environment of multi-turn episodes (docs/multi_turn.md): the `task.*` keys every run has
+    (configs/train.yaml; `task=custom` adds its reward keys to the same node, and its reward functions
+    share `max_error_frac` and `error_window`). Not part of the run config compared on resume."""
+
+    env: str | None = setting(None, "the environment: path/to/file.py:Class or module:Class (a class given to "
+                                    "arlopti.run(env=...) is kept as callable:<key>); null = single-turn")
+    env_timeout_s: float = setting(30.0, "seconds one environment call (reset, step, a tool, get_reward) may take; "
+                                         "a step or tool past it ends its episode, counted as a timeout",
+                                   range="(0, inf)")
+    tool_format: str = setting("hermes", "how the model writes a tool call (TRL-contract environments)",
+                               choices=_choices_from("arlopti.tasks.env.tools", "TOOL_FORMATS"))
+    max_error_frac: float | None = setting(
+        0.5, "stop the run when more than this fraction of the environment's calls (steps, tools) over the last "
+             "error_window rollout rounds failed (raised, timed out, a reply too long); 1 or null = never stop",
+        range="[0, 1]")
+    error_window: int = setting(5, "rollout rounds (each rollout step, and each DAPO dynamic-sampling round) the "
+                                   "environment's failure fraction is taken over", range="[1, inf)")
 
 
 @dataclass

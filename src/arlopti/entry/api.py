@@ -21,6 +21,10 @@ The keywords only add overrides (every one is optional; ``docs/python_api.md``):
   runs in the killable worker pool when a fresh interpreter can import it by name, else in this
   process with the same timeout and error accounting (:mod:`arlopti.tasks.in_process`);
 * ``reward_weights``: ``task.reward_weights=[...]``, one per reward function;
+* ``env``: an environment class (either contract, :mod:`arlopti.tasks.env.base`) or a
+  ``path/to/file.py:Class`` / ``module:Class`` string -> ``task.env=...`` (a class is kept in this
+  process, :func:`arlopti.tasks.env.loading.register_env`); set ``rollout.max_turns`` in ``overrides``
+  (docs/multi_turn.md);
 * ``train_data``: a ``datasets.Dataset``, a list of dicts (written once to a JSON Lines file named
   by its content, under the system's temporary folder) or a path -> ``data=prompts
   data.train_file=...`` (``data=prompts`` only when no ``data=`` override is given).
@@ -100,12 +104,17 @@ def data_file(train_data: Any) -> str:
 
 
 def build_overrides(overrides: Sequence[str] | None = None, reward_fn: Callable | str | Sequence | None = None,
-                    reward_weights: Sequence[float] | None = None, train_data: Any = None) -> list[str]:
+                    reward_weights: Sequence[float] | None = None, train_data: Any = None,
+                    env: type | str | None = None) -> list[str]:
     """The Hydra overrides :func:`run` composes with: ``overrides`` then what the keywords add
     (module docstring); a group the caller already chose (``task=``, ``data=``) is kept."""
     out = [str(o) for o in (overrides or [])]
     chosen = {o.split("=", 1)[0].lstrip("+~") for o in out if "=" in o}
     added = _reward_overrides(reward_fn, reward_weights)
+    if env is not None:
+        from arlopti.tasks.env.loading import register_env
+
+        added.append(f"task.env={_quote(env if isinstance(env, str) else register_env(env))}")
     if train_data is not None:
         if "data" not in chosen:
             added.append("data=prompts")
@@ -125,7 +134,8 @@ def _result(out: dict, run_dir: Path) -> RunResult:
 
 
 def run(overrides: Sequence[str] | None = None, *, reward_fn: Callable | str | Sequence | None = None,
-        reward_weights: Sequence[float] | None = None, train_data: Any = None) -> RunResult:
+        reward_weights: Sequence[float] | None = None, train_data: Any = None,
+        env: type | str | None = None) -> RunResult:
     """Train as ``python train.py <overrides>`` would, plus what the keywords add (module
     docstring), and return a :class:`RunResult`. Errors are raised (a bad override as
     :class:`arlopti.config.ConfigError`, a failing reward as
@@ -137,7 +147,7 @@ def run(overrides: Sequence[str] | None = None, *, reward_fn: Callable | str | S
     from arlopti.tasks.custom import reset_shown_tracebacks
 
     prepare()  # the checkout's configs/ (or $PROJECT_ROOT's), before any override is read
-    all_overrides = build_overrides(overrides, reward_fn, reward_weights, train_data)
+    all_overrides = build_overrides(overrides, reward_fn, reward_weights, train_data, env)
     check_overrides(all_overrides)
     reset_shown_tracebacks()
     box: dict[str, Any] = {}

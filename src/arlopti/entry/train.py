@@ -119,10 +119,11 @@ def _check_strategy(trainer, module, run) -> None:
         decoder_layer_class(module.policy.hf, run.model.decoder_layer_class)
 
 
-def attach_rollout_callback(trainer: L.Trainer, group_size: int, task_options: dict) -> None:
+def attach_rollout_callback(trainer: L.Trainer, group_size: int, task_options: dict, env=None) -> None:
     """Give ``trainer`` the :class:`~arlopti.callbacks.rollout.RolloutCallback` the learner cannot
     run without, unless it has one. It goes where Lightning would put a module's own callback:
-    after the other callbacks, before the checkpoint callbacks (which Lightning keeps last)."""
+    after the other callbacks, before the checkpoint callbacks (which Lightning keeps last).
+    ``env``: the run's environment settings (``task.*``, :class:`~arlopti.config.schema.EnvConfig`)."""
     from lightning.pytorch.callbacks import Checkpoint
 
     from arlopti.callbacks.rollout import RolloutCallback
@@ -130,14 +131,16 @@ def attach_rollout_callback(trainer: L.Trainer, group_size: int, task_options: d
     if any(isinstance(c, RolloutCallback) for c in trainer.callbacks):
         return
     at = next((i for i, c in enumerate(trainer.callbacks) if isinstance(c, Checkpoint)), len(trainer.callbacks))
-    trainer.callbacks.insert(at, RolloutCallback(group_size=group_size, task_kwargs=dict(task_options)))
+    trainer.callbacks.insert(at, RolloutCallback(group_size=group_size, task_kwargs=dict(task_options), env=env))
 
 
 def build(cfg: DictConfig):
     """Everything but the fit: (trainer, module, datamodule)."""
     from arlopti.learner.module import GRPOModule
     from arlopti.models.loading import load_tokenizer
+    from arlopti.rollout.turns import build_turn_loop
     from arlopti.tasks.base import check_task_options
+    from arlopti.tasks.env.loading import env_config
 
     L.seed_everything(cfg.seed, workers=True)
     run = run_config(cfg)
@@ -156,8 +159,10 @@ def build(cfg: DictConfig):
 
     note_fidelity(run.model.lora, hydra_choice("fidelity"))  # LoRA + fidelity=official: allowed, noted
     task_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
+    env = env_config(OmegaConf.to_container(cfg.task, resolve=True) if cfg.get("task") else None)  # task.env*
     check_task_options(task_options)
     tokenizer = load_tokenizer(run.model.name_or_path, run.model.tiny.vocab_size)
+    build_turn_loop(run.rollout, env, tokenizer)  # task.env imported and probed now, not at the first step
     datamodule = hydra.utils.instantiate(cfg.data, tokenizer=tokenizer)
     data_task = getattr(datamodule, "task_name", None)
     if data_task and task_options.get(data_task) is None:  # data=prompts without task=custom: say so now
@@ -165,7 +170,7 @@ def build(cfg: DictConfig):
     module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"),
                         task_options=task_options, data_signature=data_signature(cfg.get("data")))
     _check_strategy(trainer, module, run)
-    attach_rollout_callback(trainer, run.sizes.group_size, task_options)
+    attach_rollout_callback(trainer, run.sizes.group_size, task_options, env)
     return trainer, module, datamodule
 
 

@@ -10,7 +10,8 @@ model reads: sampled tokens and, in a multi-turn episode, the environment's repl
 per-token in the learner reads ``response_mask``: the loss and its normaliser, the advantages, AR's
 ``p_old``, Lopti's split, the KL, the clip fractions, the entropy, the mismatch buckets and the token
 methods; lengths and padding read :attr:`Experience.response_lengths`. In a single-turn episode the
-two are the same.
+two are the same. A multi-turn step also carries ``turn_index``: the model turn (0, 1, ...) of each
+sampled token, -1 on environment tokens and padding (:mod:`arlopti.learner.turn_metrics` reads it).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class Experience:
     async_stats: dict[str, float] = field(default_factory=dict)
     # per row: what the episode recorded (turns, tool calls, ...; empty for a single-turn episode)
     episode_metas: list[dict] = field(default_factory=list)
+    # long [B, R]: the model turn of each sampled token, -1 elsewhere; None unless an environment ran
+    turn_index: Tensor | None = None
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -84,6 +87,7 @@ class Experience:
             engine_logprobs=None if self.engine_logprobs is None else self.engine_logprobs[rows, :r],
             policy_versions=None if self.policy_versions is None else self.policy_versions[rows],
             episode_metas=[self.episode_metas[i] for i in idx] if self.episode_metas else [],
+            turn_index=None if self.turn_index is None else self.turn_index[rows, :r],
         )
 
 
@@ -115,6 +119,29 @@ def _per_token(values: list[list[float]], like: Tensor) -> Tensor:
     out = torch.zeros_like(like)
     for row, vals in enumerate(values):
         out[row, :len(vals)] = torch.tensor(vals, dtype=like.dtype)
+    return out
+
+
+def turn_index_of(trainable: list[int]) -> list[int]:
+    """The model turn of each token of an episode's trainable mask (a turn is a run of sampled tokens;
+    the environment's runs between them get -1)."""
+    out, turn, after_env = [], 0, False
+    for m in trainable:
+        if m:
+            turn += int(after_env)
+            after_env = False
+            out.append(turn)
+        else:
+            after_env = True
+            out.append(-1)
+    return out
+
+
+def _turn_index(episodes: list[Episode], like: Tensor) -> Tensor:
+    """long ``[B, R]`` shaped like ``like``: :func:`turn_index_of` of each episode, -1 on padding."""
+    out = torch.full(like.shape, -1, dtype=torch.long)
+    for row, e in enumerate(episodes):
+        out[row, :len(e.trainable)] = torch.tensor(turn_index_of(e.trainable), dtype=torch.long)
     return out
 
 
@@ -160,6 +187,7 @@ def build_experience(prompt_ids: list[list[int]], groups: list[list[Episode | Co
         engine_logprobs=eng_lp,
         policy_versions=torch.tensor(versions, dtype=torch.long) if versions and versions[0] is not None else None,
         episode_metas=[dict(e.meta) for e in episodes] if any(e.meta for e in episodes) else [],
+        turn_index=_turn_index(episodes, resp_mask) if any("turns" in e.meta for e in episodes) else None,
     )
 
 
@@ -185,7 +213,7 @@ def to_device(exp: Experience, device) -> Experience:
     if exp.input_ids.device == torch.device(device):
         return exp
     for name in ("input_ids", "attention_mask", "response_mask", "rewards", "group_ids", "truncated", "correct",
-                 "engine_logprobs", "policy_versions"):
+                 "engine_logprobs", "policy_versions", "turn_index"):
         if getattr(exp, name) is not None:
             setattr(exp, name, getattr(exp, name).to(device))
     return exp

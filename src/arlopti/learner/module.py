@@ -278,7 +278,7 @@ class GRPOModule(L.LightningModule):
         timings = {"logprobs_s": t_logp, "update_s": time.perf_counter() - t0 - t_logp, **exp.timings}
         add_step_metrics(metrics, sampled, targets, micro_plan, timings, reused=len(reused), ar_alpha=a.ar_alpha,
                          lr=float(self.optimizers().param_groups[0]["lr"]), nonfinite_skips=self.guard.total,
-                         optimizer_steps=self.trainer.global_step if self._trainer else 0)
+                         optimizer_steps=self.trainer.global_step if self._trainer else 0, eta=a.lopti.eta)
         self._finish_step(batch, sampled, targets, metrics)
         return None
 

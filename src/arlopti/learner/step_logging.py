@@ -10,7 +10,9 @@ Sample completions per logger (``n_samples`` = ``log_completions``, the first re
 * MLflow: an artifact ``samples/step_<step:06d>.jsonl``, one record per sample;
 * CSV: ``samples.jsonl`` next to ``metrics.csv``, records appended each step.
 
-A record: ``{"step", "index", "reward", "prompt"`` (the last 300 characters) ``, "response"}``.
+A record: ``{"step", "index", "reward", "prompt"`` (the last 300 characters) ``, "response"}``. A
+multi-turn episode's response is its whole transcript, the environment's parts between ``[[env]]`` and
+``[[/env]]`` (:mod:`arlopti.rollout.turns`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ def sample_records(exp: Experience, step: int, n_samples: int) -> list[dict]:
     out = []
     for i in range(min(n_samples, len(exp))):
         prompt = exp.prompt_texts[i][-PROMPT_TAIL:] if exp.prompt_texts else ""
+        meta = exp.episode_metas[i] if exp.episode_metas else {}
         out.append({"step": int(step), "index": i, "reward": float(exp.rewards[i]), "prompt": prompt,
-                    "response": exp.response_texts[i]})
+                    "response": meta.get("transcript", exp.response_texts[i])})
     return out
 
 

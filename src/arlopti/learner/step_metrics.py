@@ -1,7 +1,8 @@
 """The learner's step metrics, each added to the step's :class:`~arlopti.learner.metric_set.MetricSet`
 with the kind that makes its reduction over phases, micro-batches and ranks exact: the objective's
-per-micro-batch values, the rollout's, the padding's, and (:mod:`arlopti.learner.mismatch_metrics`)
-the rollout/trainer mismatch.
+per-micro-batch values, the rollout's, the padding's, (:mod:`arlopti.learner.mismatch_metrics`)
+the rollout/trainer mismatch, and for a multi-turn step (:mod:`arlopti.learner.turn_metrics`) the
+``turns/*`` tags.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch
 
 from arlopti.learner.metric_set import MetricSet
 from arlopti.learner.mismatch_metrics import add_mismatch_metrics
+from arlopti.learner.turn_metrics import add_turn_metrics
 
 #: How each per-micro-batch metric of :func:`arlopti.algorithms.grpo_objective` combines.
 OBJECTIVE_KINDS = {"ratio_max": "max", "ratio_min": "min", "tokens": "sum"}
@@ -101,7 +103,7 @@ def padding_metrics(metrics: MetricSet, exp, micro_plan: Mapping[tuple, list[lis
 
 def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple, list[list[int]]],
                      timings: Mapping[str, float], *, reused: int, ar_alpha: float, lr: float, nonfinite_skips: int,
-                     optimizer_steps: int) -> None:
+                     optimizer_steps: int, eta: float = 0.5) -> None:
     """A rollout step's metrics beyond the objective's (docs/metrics.md): phases skipped as empty
     (``targets``: :class:`~arlopti.learner.targets.Targets`), the rollout's statistics, the
     engine/trainer mismatch (``rollout.return_logprobs``), padding, the share of logπ_old taken
@@ -113,6 +115,7 @@ def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple
     rollout_metrics(metrics, exp, targets.old, list(targets.phases.values()), ar_alpha)
     if exp.engine_logprobs is not None:
         add_mismatch_metrics(metrics, targets.old, exp.engine_logprobs, exp.response_mask)
+    add_turn_metrics(metrics, exp, targets.old, targets.adv, eta)  # multi-turn only (``eta``: Lopti's η)
     padding_metrics(metrics, exp, micro_plan)
     metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(exp)))
     for k, v in timings.items():

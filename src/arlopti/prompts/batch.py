@@ -19,6 +19,10 @@ class PromptSample:
     task: str
     uid: str  # stable id of the prompt (e.g. "kk/train/123"); one GRPO group per uid per step
     meta: dict = field(default_factory=dict)  # e.g. {"n_people": 3, "split": "test"}
+    # The chat messages it was rendered from (None: a raw-text prompt) and the text after the generation
+    # prompt: what a multi-turn environment re-renders the prompt from (tools, a first message).
+    messages: list[dict] | None = None
+    assistant_prefix: str = ""
 
 
 @dataclass
@@ -34,6 +38,9 @@ class PromptBatch:
     position: tuple[int, int] = (0, 0)
     # Set by the rollout callback: the sampled responses and rewards of this batch.
     experience: Any = None
+    # Per prompt, as PromptSample's (None: not known, e.g. a batch built by hand).
+    messages: list[list[dict] | None] | None = None
+    assistant_prefixes: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
@@ -47,6 +54,8 @@ class PromptBatch:
             uids=[self.uids[i] for i in idx],
             metas=[self.metas[i] for i in idx],
             position=self.position,
+            messages=None if self.messages is None else [self.messages[i] for i in idx],
+            assistant_prefixes=None if self.assistant_prefixes is None else [self.assistant_prefixes[i] for i in idx],
         )
 
 
@@ -59,4 +68,6 @@ def collate_prompts(samples: list[PromptSample], position: tuple[int, int] = (0,
         uids=[s.uid for s in samples],
         metas=[s.meta for s in samples],
         position=position,
+        messages=[s.messages for s in samples],
+        assistant_prefixes=[s.assistant_prefix for s in samples],
     )

@@ -60,6 +60,8 @@ def tokenize_records(
             PromptSample(
                 prompt_ids=list(ids), prompt_text=text, ground_truth=rec.ground_truth,
                 task=rec.task, uid=rec.uid, meta=dict(rec.meta),
+                messages=None if rec.messages is None else [dict(m) for m in rec.messages],
+                assistant_prefix=rec.assistant_prefix,
             )
         )
     if dropped:

@@ -13,6 +13,8 @@ the entropy, the mismatch buckets and the token methods all read it (it becomes
 log-probs aligned with ``token_ids`` (0.0 on environment tokens), or None when the engine returned
 none. ``version`` is the policy version (training steps done) of the weights that generated it, None
 for the current weights. ``meta`` carries per-row facts (turns, tool calls, ...) to the metrics.
+``prompt_ids`` is the prompt the episode continues when the environment re-rendered it (its tools, a
+first message; :mod:`arlopti.rollout.turns`), the same for the G episodes of a prompt; None: the batch's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Episode:
     logprobs: list[float] | None = None
     version: int | None = None
     meta: dict = field(default_factory=dict)
+    prompt_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.trainable) != len(self.token_ids):

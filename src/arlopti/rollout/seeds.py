@@ -7,6 +7,11 @@
   step and the sample's index in its group. Every engine (HF, colocated vLLM, the rollout workers)
   seeds response ``(i, j)`` with it, so a response is reproducible whatever else is in the batch and
   the placements give the same tokens.
+* :func:`turn_seed`: a multi-turn episode's model turn ``t >= 1`` is generated with the round seed of
+  that turn (turn 0 is the round's own seed, as a single response); the turn's request ``k`` (the
+  episodes still running, in step order) then takes ``sample_seed(turn seed, k, 0)``.
+* :func:`env_seed`: the seed Python's ``random`` holds during one environment call of an episode
+  (the same for the G resets of a prompt, so its G episodes start from the same state).
 
 Both are stable across Python processes (a keyed hash, not Python's ``hash``).
 """
@@ -31,4 +36,17 @@ def step_seed(base: int, rollout_step: int, rank: int, round_index: int = 0) -> 
     return step if round_index == 0 else sample_seed(step, round_index, 0) & _SEED_31
 
 
-__all__ = ["sample_seed", "step_seed"]
+def turn_seed(round_seed: int, turn: int) -> int:
+    """The seed of model turn ``turn`` of a round's multi-turn episodes (31 bits; turn 0: ``round_seed``)."""
+    return round_seed if turn == 0 else sample_seed(round_seed, -1, turn) & _SEED_31
+
+
+def env_seed(round_seed: int, call: str, prompt_index: int, sample_index: int = 0, turn: int = 0) -> int:
+    """The seed of one environment call (``call``: ``reset``, ``step``, ...) of episode ``(prompt, sample)``
+    at model turn ``turn``, stable across Python processes."""
+    digest = hashlib.blake2b(f"{round_seed}/{call}/{prompt_index}/{sample_index}/{turn}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+__all__ = ["env_seed", "sample_seed", "step_seed", "turn_seed"]

@@ -9,7 +9,9 @@ version; what is sent is the weight publisher's plan, :mod:`arlopti.rollout.publ
 check), queues the next batches (their prompts from ``ahead``:
 :meth:`arlopti.data.prompt_datamodule.PromptDataModule.batch_ahead`), and returns step ``t``'s episodes,
 each stamped with the version that generated it. A step's prompts are split between the workers in
-contiguous, whole groups. With ``rollout.server.check_sync`` every sync is followed by a probe: a worker
+contiguous, whole groups (a multi-turn episode's later turns: the episodes still running, split the
+same way; :mod:`arlopti.rollout.turns` runs here over the pooled workers, token ids over the route
+both ways). With ``rollout.server.check_sync`` every sync is followed by a probe: a worker
 samples a few tokens of the step's first prompt with their log-probs, and the trainer's own log-probs
 of the same tokens must agree within ``rollout.server.sync_check_tol`` (:func:`check_worker_agrees`).
 
@@ -206,31 +208,43 @@ class ServerRollouts(RolloutSource):
         self.last_scheduled = step
 
     def _generate(self, b: Batch, sampling: SamplingConfig) -> list[list[Episode]]:
-        """Runs on the generation thread: the step's prompts split between the workers, in parallel."""
+        """Runs on the generation thread: the step's episodes, every generation call split between the
+        workers in parallel (:meth:`_pooled`)."""
         start = time.perf_counter()
         self._idle_s += start - self._idle_since
-        ids = list(b.prompts.prompt_ids)
-        chunks = _split(len(ids), len(self.workers))
-        with ThreadPoolExecutor(max_workers=len(self.workers)) as per_worker:
-            futs = {i: per_worker.submit(self._timed, w, ids[lo:hi], lo, sampling, b.version)
-                    for i, (w, (lo, hi)) in enumerate(zip(self.workers, chunks)) if hi > lo}
-            parts = {i: f.result() for i, f in futs.items()}
+        tally: dict[int, list[float]] = {}  # worker -> [tokens, seconds] over the step's calls
+
+        def generate(ids, n, s):
+            return self._pooled(ids, n, s, tally)
+
+        out = collect_groups(generate, list(b.prompts.prompt_ids), self.group_size, sampling, b.version,
+                             turns=self.turns, batch=b.prompts)
         self._idle_since = time.perf_counter()
-        out: list[list[Episode]] = []
-        for i, (groups, tokens, seconds) in parts.items():  # in worker order: the step's prompt order
-            out += groups
+        for i, (tokens, seconds) in sorted(tally.items()):
             b.stats[f"worker{i}/tokens_per_s"] = tokens / seconds if seconds > 0 else 0.0
         b.stats["generate_s"] = self._idle_since - start
         return out
 
-    def _timed(self, worker: RolloutWorker, prompts, first: int, sampling: SamplingConfig, version: int | None):
+    def _pooled(self, ids: list[list[int]], n: int, sampling: SamplingConfig, tally: dict) -> list:
+        """``n`` completions of each of ``ids``, the prompts split between the workers in contiguous whole
+        groups (worker i's prompt k is prompt ``lo_i + k`` of the call: its seeds); adds each worker's
+        tokens and wall seconds to ``tally``."""
+        chunks = _split(len(ids), len(self.workers))
+        with ThreadPoolExecutor(max_workers=len(self.workers)) as per_worker:
+            futs = {i: per_worker.submit(self._timed, w, ids[lo:hi], lo, n, sampling)
+                    for i, (w, (lo, hi)) in enumerate(zip(self.workers, chunks)) if hi > lo}
+            parts = {i: f.result() for i, f in futs.items()}
+        out: list = []
+        for i, (groups, tokens, seconds) in parts.items():  # in worker order: the call's prompt order
+            out += groups
+            t = tally.setdefault(i, [0.0, 0.0])
+            t[0], t[1] = t[0] + tokens, t[1] + seconds
+        return out
+
+    def _timed(self, worker: RolloutWorker, prompts, first: int, n: int, sampling: SamplingConfig):
         t0 = time.perf_counter()
-
-        def generate(ids, n, s):
-            return worker.generate(ids, first, n, s, self.tokenizer, self._http)
-
-        groups = collect_groups(generate, prompts, self.group_size, sampling, version)
-        return groups, sum(len(e.token_ids) for g in groups for e in g), time.perf_counter() - t0
+        groups = worker.generate(prompts, first, n, sampling, self.tokenizer, self._http)
+        return groups, sum(len(c.token_ids) for g in groups for c in g), time.perf_counter() - t0
 
     def _drain(self) -> float:
         """Wait for every queued batch to finish generating (a sync changes weights between batches)."""

@@ -15,7 +15,8 @@ step's round the same way (:class:`SamplingPlan`, :mod:`arlopti.rollout.seeds`),
 ``max_staleness=0`` they give the same tokens for the same weights. Each returns
 :class:`~arlopti.rollout.episode.Episode` groups: token ids, the trainable mask, the engine's
 log-probs, the policy version of each row and its metadata. An episode is produced from a token
-generator by :func:`collect_groups`: one generation call today; a turn loop plugs in there.
+generator by :func:`collect_groups`: one generation call, or with an environment (``task.env``;
+:attr:`RolloutSource.turns`) the turn loop of :mod:`arlopti.rollout.turns` over the same generator.
 """
 
 from __future__ import annotations
@@ -66,9 +67,15 @@ class Collected:
 
 
 def collect_groups(generate: Generate, prompt_ids: list[list[int]], group_size: int, sampling: SamplingConfig,
-                   version: int | None = None) -> list[list[Episode]]:
-    """``group_size`` episodes of each prompt from ``generate`` (one generation call: single-turn)."""
-    return single_turn(generate(prompt_ids, group_size, sampling), version)
+                   version: int | None = None, turns=None, batch=None) -> list[list[Episode]]:
+    """``group_size`` episodes of each prompt from ``generate``: one generation call (single-turn), or
+    with ``turns`` (a :class:`~arlopti.rollout.turns.TurnLoop`) its episodes of ``batch``'s prompts
+    (the :class:`~arlopti.prompts.batch.PromptBatch` whose ids are ``prompt_ids``)."""
+    if turns is None:
+        return single_turn(generate(prompt_ids, group_size, sampling), version)
+    from arlopti.rollout.turns import episode_prompts
+
+    return turns.run(generate, episode_prompts(batch), group_size, sampling, version)
 
 
 class RolloutSource(ABC):
@@ -76,6 +83,8 @@ class RolloutSource(ABC):
     callbacks may share, or None (the server placement: evals build their own)."""
 
     engine: RolloutEngine | None = None
+    #: The turn loop of the run's environment (:mod:`arlopti.rollout.turns`), None: single-turn.
+    turns = None
 
     def __init__(self, group_size: int, sampling: SamplingPlan):
         self.group_size = group_size
@@ -109,7 +118,7 @@ class ColocatedRollouts(RolloutSource):
             timings["sync_s"] = time.perf_counter() - t0
         t1 = time.perf_counter()
         groups = collect_groups(self.engine.generate, prompts.prompt_ids, self.group_size,
-                                self.sampling.at(step, round_index))
+                                self.sampling.at(step, round_index), turns=self.turns, batch=prompts)
         timings["rollout_s"] = time.perf_counter() - t1
         return Collected(groups, timings)
 

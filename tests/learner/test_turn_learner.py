@@ -1,0 +1,115 @@
+"""The learner on multi-turn episodes: environment tokens get exactly zero gradient, and one turn with an
+environment trains bit for bit as a single response."""
+
+from __future__ import annotations
+
+import lightning.pytorch as L
+import torch
+
+from arlopti.callbacks.rollout import RolloutCallback
+from arlopti.config import (AlgorithmConfig, LoptiConfig, OptimConfig, RolloutConfig, RolloutCorrectionConfig,
+                            RunConfig, SizesConfig)
+from arlopti.config.schema import EnvConfig
+from arlopti.learner.module import GRPOModule
+from arlopti.tasks.env.loading import register_env
+from helpers.toy import ToyDataModule
+from helpers.turns import CountEnv, NullEnv, ScriptedEngine
+
+TRAINER = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
+               limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False, enable_progress_bar=False,
+               enable_model_summary=False)
+
+
+def fit(module, env_cls, steps: int, *callbacks, group: int = 2):
+    env = EnvConfig(env=register_env(env_cls)) if env_cls is not None else None
+    dm = ToyDataModule(tokenizer=module.tokenizer, prompts_per_step=module.cfg.sizes.prompts_per_step,
+                       max_prompt_length=256, seed=3)
+    L.Trainer(callbacks=[RolloutCallback(group_size=group, env=env), *callbacks], **TRAINER).fit(module, datamodule=dm)
+    assert module.rollout_step == steps
+
+
+def oks(tok, ctx, seed):
+    """A raw-text prompt's episode: two turns of seeded letters, then ``done``."""
+    import random
+
+    k = tok.decode(ctx, skip_special_tokens=False).count("ok ")
+    return ("done" if k >= 2 else "".join(random.Random(seed).choice("abcdefgh") for _ in range(6))), False
+
+
+class GradProbe(L.Callback):
+    """Records, for every backward, the gradient at the final norm's output (the hidden state that predicts
+    the next token: position P + k - 1 predicts response token k) with the ids of that forward."""
+
+    def __init__(self):
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def on_train_start(self, trainer, module):
+        hf = module.policy.hf
+        box = {}
+        hf.model.register_forward_pre_hook(lambda m, args, kw: box.update(ids=kw.get("input_ids", args[0] if args else None)),
+                                     with_kwargs=True)
+
+        def keep(m, args, out):
+            if out.requires_grad:
+                ids = box["ids"]
+                out.register_hook(lambda g: self.seen.append((ids.detach().clone(), g.detach().clone())))
+
+        hf.model.norm.register_forward_hook(keep)
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        self.exp = batch.experience
+
+
+def test_environment_tokens_get_exactly_zero_gradient(tiny_tokenizer):
+    torch.manual_seed(0)
+    algo = AlgorithmConfig(kl_coef=0.05, entropy_coef=0.01, ar_alpha=0.3,
+                           lopti=LoptiConfig(enabled=True, eta=0.002),
+                           rollout_correction=RolloutCorrectionConfig(mode="tis"))
+    cfg = RunConfig(algorithm=algo, sizes=SizesConfig(prompts_per_step=2, group_size=2, mini_batch_size=4,
+                                                      micro_batch_size=2, logprob_micro_batch_size=4),
+                    optim=OptimConfig(lr=1e-3), rollout=RolloutConfig(temperature=1.0, max_new_tokens=16, seed=7,
+                                                                      max_turns=3))
+    module = GRPOModule(cfg, tokenizer=tiny_tokenizer, total_rollout_steps=1)
+    module.rollout_engine = ScriptedEngine(tiny_tokenizer, oks)
+    probe = GradProbe()
+    fit(module, CountEnv, 1, probe)
+    exp = probe.exp
+    env = (exp.response_mask == 0) & (exp.attention_mask[:, exp.prompt_len:] == 1)
+    assert int(env.sum()) > 20 and exp.turn_index is not None and int(exp.turn_index.max()) == 2
+    checked = 0
+    for ids, grad in probe.seen:
+        for row in range(ids.shape[0]):
+            match = [b for b in range(len(exp)) if torch.equal(exp.input_ids[b, :ids.shape[1]], ids[row])]
+            assert match, "every micro-batch row is a row of the step's experience"
+            b, p = match[0], exp.prompt_len
+            width = ids.shape[1] - p
+            g = grad[row, p - 1:p - 1 + width].abs().sum(-1)  # the hidden states predicting response tokens 0..
+            e = env[b, :width]
+            assert torch.all(g[e] == 0), "an environment token's prediction got a gradient"
+            assert bool((g[~e & (exp.response_mask[b, :width] > 0)] > 0).any())
+            checked += 1
+    assert checked >= 8  # both phases' optimizer steps, every row
+
+
+def _train(tok, env_cls):
+    torch.manual_seed(0)
+    cfg = RunConfig(algorithm=AlgorithmConfig(kl_coef=0.01, ar_alpha=0.3),
+                    sizes=SizesConfig(prompts_per_step=2, group_size=4, mini_batch_size=4, micro_batch_size=2,
+                                      logprob_micro_batch_size=8),
+                    optim=OptimConfig(lr=1e-3), rollout=RolloutConfig(temperature=1.0, max_new_tokens=12, seed=7))
+    module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=2)
+    fit(module, env_cls, 2, group=4)
+    return {k: v.detach().clone() for k, v in module.policy.named_parameters()}, module
+
+
+def test_one_turn_with_an_environment_trains_bit_for_bit_as_a_single_response(tiny_tokenizer):
+    """The turn loop with max_turns=1 (HF rollouts on the tiny model, an environment that never replies)
+    against today's single-turn path: the same trained bytes, after weights that moved."""
+    plain, m0 = _train(tiny_tokenizer, None)
+    looped, m1 = _train(tiny_tokenizer, NullEnv)
+    from arlopti.models.loading import build_tiny_model
+
+    start = dict(build_tiny_model(tiny_tokenizer).named_parameters())
+    assert any(not torch.equal(plain[k], start[k.removeprefix("hf.")]) for k in plain)  # the weights moved
+    assert all(torch.equal(plain[k], looped[k]) for k in plain)
+    assert m1.last_step_context.metrics["turns/mean"] == 1.0 and "turns/mean" not in m0.last_step_context.metrics
