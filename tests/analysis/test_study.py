@@ -91,16 +91,20 @@ def test_the_mechanism_sees_the_runs_first_batch_and_warm_start(study):
                           ["warm_start_losses"] for s in range(SEEDS)]
 
 
-def test_a_second_call_reuses_the_runs(study, monkeypatch):
-    out, _ = study
-    import arlopti.analysis.study as study_mod
+def test_finished_runs_are_recognised_and_reused(study):
+    """A second call with the same settings runs nothing again; other settings rerun."""
+    from dataclasses import replace
 
-    ran = []
-    monkeypatch.setattr(study_mod, "run_job", lambda job: ran.append(job[0]) or (job[0], None, 0.0))
-    main(["study", "toy", "--out", str(out), "--methods", ",".join(METHODS), "--seeds", str(SEEDS), "--steps",
-          str(STEPS), "--warm-start-steps", "4", "--threshold", str(THRESHOLD), "--final-window", str(WINDOW),
-          "--workers", "1", "--skip-mechanism"])
-    assert ran == []
+    from arlopti.analysis.study import run_is_done
+    from arlopti.analysis.study_methods import method_algorithms
+    from arlopti.analysis.study_runs import ToySizes
+
+    out, _ = study
+    algos = method_algorithms(METHODS, 8)
+    sizes = ToySizes(steps=STEPS, lr=3e-3, warm_start_steps=4)
+    assert all(run_is_done(out / "runs" / m / f"seed{s}", s, algos[m], sizes) for m in METHODS for s in range(SEEDS))
+    assert not run_is_done(out / "runs" / "grpo" / "seed0", 0, algos["grpo"], replace(sizes, lr=1e-2))
+    assert not run_is_done(out / "runs" / "grpo" / "seed0", 1, algos["grpo"], sizes)
 
 
 def test_the_study_rollouts_are_the_training_loops(tiny_tokenizer, tmp_path, monkeypatch):

@@ -75,7 +75,8 @@ def pilot_summary(folder: Path, baseline: str = "grpo") -> dict | None:
     if baseline not in runs:
         return None
     out = {}
-    for m, by_seed in runs.items():
+    for m in sorted(runs, key=lambda name: (name != baseline, name)):
+        by_seed = runs[m]
         entry = {"seeds": sorted(by_seed),
                  "accuracy": {s: json.loads((d / "eval_results.json").read_text())["metrics"][ACC_KEY]
                               for s, d in sorted(by_seed.items())},

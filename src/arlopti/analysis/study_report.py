@@ -18,6 +18,21 @@ from arlopti.analysis.study_tables import (in_training_markdown, learning_markdo
                                            mechanism_table, method_table, run_summary)
 
 
+def code_version() -> dict:
+    """The checkout's commit and the source files modified beside it (the code the runs ran), or {}."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[3]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "src"], cwd=root, capture_output=True,
+                               text=True, check=True).stdout.splitlines()
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    return {"commit": commit, "modified_or_new_src_files": [line[3:] for line in dirty]}
+
+
 def read_rows(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
 
@@ -48,7 +63,8 @@ def write_toy_report(out: Path, methods: list[str], seeds: list[int], sizes, arg
                          for m, by in runs.items()},
              "timings_s": {**timings, "run_s_total": sum(timings["run_s"]), "workers": args.workers,
                            "threads_per_worker": args.threads},
-             "load_avg_1_5_15_at_end": list(os.getloadavg()), "cpu_count": os.cpu_count(), "files": files}
+             "load_avg_1_5_15_at_end": list(os.getloadavg()), "cpu_count": os.cpu_count(), "files": files,
+             "code": code_version()}
     (out / "study.json").write_text(json.dumps(study, indent=1, default=str) + "\n")
     md = [f"# Study, controlled setting\n\n{caption}\n\nCommand: `{command}`\n",
           "## Learning (paired over seeds)\n", learning_markdown(learning, args.threshold),
