@@ -72,6 +72,10 @@ def test_export_loads_with_from_pretrained_and_gives_the_same_logprobs(trained, 
     with torch.no_grad():
         untrained, _ = PolicyLM(build_tiny_model(tiny_tokenizer)).eval()(ids, mask, plen, 0.7, with_entropy=False)
     assert not torch.allclose(untrained, expected)
+    from helpers.moved import assert_moved
+
+    initial = {f"hf.{k}": v for k, v in build_tiny_model(tiny_tokenizer).named_parameters()}
+    print(assert_moved(initial, module.policy, module.trainer.optimizers[0], what="the exported run"))
 
 
 def test_load_policy_from_a_run_directory_and_cli(trained, tmp_path, capsys):
