@@ -4,6 +4,7 @@ gradient equivalence of one AR + Lopti step with a hand-built step on the LoRA p
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import replace
 
 import pytest
@@ -45,6 +46,19 @@ def fit(module: GRPOModule, tok, fixed: bool = True) -> GRPOModule:
 def test_bad_rank_or_alpha_is_refused_naming_the_key(bad, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate_run(RunConfig(model=ModelConfig(lora=bad)))
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(lora=LoraConfig(r=0), backend="vllm"), r"rollout\.lora_sync=adapter applies to LoRA runs.*model\.lora\.r > 0"),
+    (dict(lora=LoraConfig(r=8), backend="hf"), (r"rollout\.lora_sync=adapter .* rollout\.backend=hf samples from "
+                                                r"the policy itself"))])
+def test_lora_sync_adapter_where_nothing_reads_it_is_refused(overrides, match):
+    cfg = RunConfig(model=ModelConfig(lora=overrides["lora"]),
+                    rollout=RolloutConfig(backend=overrides["backend"], lora_sync="adapter"))
+    with pytest.raises(ConfigError, match=match):
+        validate_run(cfg)
+    validate_run(RunConfig(model=ModelConfig(lora=LoraConfig(r=8)), rollout=RolloutConfig(backend="vllm",
+                                                                                          lora_sync="adapter")))
 
 
 def test_all_linear_names_the_decoder_linears_of_qwen2_and_llama(tiny_model, tiny_llama):
@@ -236,3 +250,68 @@ def test_gradient_checkpointing_still_reaches_the_adapters(tiny_tokenizer):
     logp.sum().backward()
     grads = {n: p.grad for n, p in module.policy.named_parameters() if p.requires_grad}
     assert grads and all(g is not None and float(g.abs().sum()) > 0 for g in grads.values())
+
+
+# ---------------------------------------------------------------------------------------- refused or warned (issue 38)
+
+
+@pytest.mark.parametrize("lora, key", [(LoraConfig(r=4, target_modules=["lm_head"]), "model.lora.target_modules"),
+                                       (LoraConfig(r=4, modules_to_save=["lm_head"]), "model.lora.modules_to_save")])
+def test_the_lm_head_is_refused_naming_the_key(tiny_model, lora, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.") + r": 'lm_head' names the LM head"):
+        apply_lora(tiny_model, lora)
+
+
+def test_a_modules_to_save_entry_matching_nothing_names_its_own_key(tiny_model):
+    with pytest.raises(ConfigError, match=r"^model\.lora\.modules_to_save: 'nrom' matches no module.*'norm'"):
+        apply_lora(tiny_model, LoraConfig(r=4, modules_to_save=["nrom"]))
+
+
+def test_a_rank_no_smaller_than_the_layer_warns(tiny_tokenizer, caplog):
+    """Hidden size 64: r = 4096 makes every adapter larger than its layer (98.8% of the model trainable)."""
+    with caplog.at_level("WARNING", logger="arlopti.models.lora"):
+        apply_lora(build_tiny_model(tiny_tokenizer), LoraConfig(r=8))
+        assert "not low-rank" not in caplog.text
+        apply_lora(build_tiny_model(tiny_tokenizer), LoraConfig(r=4096))
+    assert re.search(r"model\.lora\.r=4096 is not low-rank for .*k_proj \(32 x 64\).*Use model\.lora\.r <= 21",
+                     caplog.text), caplog.text
+
+
+def lm_step(policy: PolicyLM, tok, steps: int = 3, lr: float = 1e-2) -> torch.optim.Optimizer:
+    """AdamW steps of the trainable parameters on a random-token likelihood (a real gradient); the optimizer."""
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr)
+    ids = torch.randint(3, len(tok), (4, 16), generator=torch.Generator().manual_seed(0))
+    policy.train()
+    for _ in range(steps):
+        lp, _ = policy(ids, torch.ones_like(ids), 4, 1.0, with_entropy=False)
+        (-lp.mean()).backward()
+        opt.step()
+        opt.zero_grad()
+    policy.eval()
+    return opt
+
+
+@pytest.mark.parametrize("lora", [LoraConfig(r=4, target_modules=["embed_tokens", "q_proj"]),
+                                  LoraConfig(r=4, modules_to_save=["embed_tokens"])], ids=["adapter", "copy"])
+def test_adapting_a_tied_embedding_gives_the_head_its_own_copy(tiny_tokenizer, lora):
+    """The tiny model ties its LM head to the embedding. An adapter (or a trained copy) on the embedding
+    trains the input side only, so the head must stop sharing the matrix: then the merged model is the
+    trained policy (before: up to 16.9 nats apart), and the base identity stays the base's."""
+    from helpers.moved import assert_moved, snapshot
+
+    fresh = build_tiny_model(tiny_tokenizer)
+    assert fresh.get_output_embeddings().weight is fresh.get_input_embeddings().weight
+    policy = PolicyLM(apply_lora(build_tiny_model(tiny_tokenizer), lora))
+    base = policy.hf.get_base_model()
+    assert base.config.tie_word_embeddings is False
+    assert torch.equal(base.lm_head.weight, fresh.lm_head.weight) and not base.lm_head.weight.requires_grad
+    assert base_identity(policy.hf) == base_identity(fresh), "resume and workers compare the base as loaded"
+    before = snapshot(policy)
+    print(assert_moved(before, policy, lm_step(policy, tiny_tokenizer), what="the tied-embedding policy"))
+    assert torch.equal(base.lm_head.weight, fresh.lm_head.weight), "the head stays the base's matrix"
+    ids = torch.randint(3, len(tiny_tokenizer), (3, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, _ = policy(ids, torch.ones_like(ids), 4)
+        merged = copy.deepcopy(policy.hf).merge_and_unload()
+        got, _ = PolicyLM(merged)(ids, torch.ones_like(ids), 4)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

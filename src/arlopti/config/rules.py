@@ -174,8 +174,21 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     _require(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 for training rollouts "
              "(log-probs are computed from logits / T)")
     _validate_lr(cfg.optim)
+    _validate_lora_sync(cfg)
     _validate_server(cfg, world_size)
     _validate_algorithm(cfg.algorithm, r)
+
+
+def _validate_lora_sync(cfg: RunConfig) -> None:
+    """``rollout.lora_sync=adapter`` (not the default) is read by a vLLM engine of a LoRA run only."""
+    r, lora = cfg.rollout, cfg.model.lora
+    if r.lora_sync != "adapter":
+        return
+    _require(bool(lora.r), "rollout.lora_sync=adapter applies to LoRA runs, and model.lora.r=0 trains every "
+             "parameter (every weight is sent); set model.lora.r > 0 or drop rollout.lora_sync")
+    _require(r.backend == "vllm" or r.placement == "server",
+             f"rollout.lora_sync=adapter is how a vLLM engine follows the adapter, and rollout.backend={r.backend} "
+             "samples from the policy itself; drop rollout.lora_sync or use rollout=vllm")
 
 
 _FLOAT32_MAX = 3.4028234663852886e38

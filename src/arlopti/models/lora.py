@@ -16,6 +16,16 @@ What LoRA changes elsewhere, each in one place:
 * the vLLM sync sends merged weights or the adapter (:mod:`arlopti.rollout.lora_sync`);
 * export writes a PEFT adapter folder or merged weights (:mod:`arlopti.checkpoints.export`).
 
+Tied embeddings (the tiny model, SmolLM2, Qwen2.5-0.5B/1.5B/3B: the LM head *is* the embedding
+matrix). peft adapts a module, not a tensor: an adapter on ``embed_tokens`` (or a
+``modules_to_save`` copy of it) changes the input side only, and the trainer's LM head stays the
+frozen base matrix. Every consumer that folds the adapter into the weights (a merge, vLLM's merged
+sync, a tied engine) would otherwise write it into the head too: 16.9 nats off the trained policy.
+So :func:`untie_adapted_embedding` gives such a policy its own copy of the head before peft wraps
+it and marks the config untied; the merged export, ``eval.py`` and vLLM then hold exactly the
+model the trainer trains. The LM head itself cannot be adapted: the log-prob path multiplies by
+its weight directly (:mod:`arlopti.ops.logprobs`), and :func:`check_not_the_head` refuses it.
+
 Nothing else: the learner's objective, phases and normalisers are parameter-agnostic.
 """
 
@@ -55,30 +65,125 @@ def linear_leaf_names(model: nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
 
 
-def resolve_targets(model: nn.Module, targets: list[str]) -> list[str]:
+def module_leaf_names(model: nn.Module) -> list[str]:
+    """The distinct leaf names of every module with parameters of its own, the LM head left out (what
+    ``modules_to_save`` can name)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+                   if name and m is not head and any(True for _ in m.parameters(recurse=False))})
+
+
+def _matches(name: str, entry: str) -> bool:
+    """peft's suffix rule: ``entry`` names the module ``name`` when equal or a ``.``-separated suffix."""
+    return name == entry or name.endswith("." + entry)
+
+
+def _covers(name: str, entry: str) -> bool:
+    """Whether ``entry`` names the module ``name`` or one holding it (``model`` covers ``model.embed_tokens``)."""
+    parts = name.split(".")
+    return any(_matches(".".join(parts[:i]), entry) for i in range(1, len(parts) + 1))
+
+
+def resolve_targets(model: nn.Module, targets: list[str], key: str = "model.lora.target_modules") -> list[str]:
     """Expand ``all-linear`` and check every entry matches a module of ``model``.
 
     An entry matches a module whose full name equals it or ends with ``.<entry>`` (peft's
-    suffix rule). An entry that matches nothing is an error listing the model's linear layer names.
+    suffix rule). An entry that matches nothing is an error naming ``key`` and listing the names it
+    could take (the linear layers for ``target_modules``, every module for ``modules_to_save``).
     """
     if not targets:
-        raise ConfigError("model.lora.target_modules is empty: name the layers to adapt, e.g. [all-linear] "
-                          "or [q_proj, v_proj]")
+        raise ConfigError(f"{key} is empty: name the layers to adapt, e.g. [all-linear] or [q_proj, v_proj]")
     names = [n for n, _ in model.named_modules()]
     out: list[str] = []
     for entry in targets:
         wanted = [t for t in ALL_LINEAR if any(n.endswith("." + t) for n in names)] if entry == ALL_LINEAR_NAME \
             else [entry]
         for t in wanted:
-            if not any(n == t or n.endswith("." + t) for n in names):
-                raise ConfigError(f"model.lora.target_modules: {entry!r} matches no module of "
-                                  f"{type(model).__name__}; its linear layers are named {linear_leaf_names(model)}")
+            if not any(_matches(n, t) for n in names):
+                kind, known = (("linear layers", linear_leaf_names(model)) if key.endswith("target_modules")
+                               else ("modules", module_leaf_names(model)))
+                raise ConfigError(f"{key}: {entry!r} matches no module of {type(model).__name__}; its {kind} "
+                                  f"are named {known}")
             if t not in out:
                 out.append(t)
     if not out:
-        raise ConfigError(f"model.lora.target_modules=[{ALL_LINEAR_NAME}]: {type(model).__name__} has none of "
+        raise ConfigError(f"{key}=[{ALL_LINEAR_NAME}]: {type(model).__name__} has none of "
                           f"{list(ALL_LINEAR)}; name its layers instead: {linear_leaf_names(model)}")
     return out
+
+
+def _names_of(model: nn.Module, module: nn.Module | None) -> list[str]:
+    return [n for n, m in model.named_modules(remove_duplicate=False) if module is not None and m is module]
+
+
+def check_not_the_head(model: nn.Module, entries: list[str], key: str) -> None:
+    """Refuse an entry of ``key`` that names the LM head (or a module holding it): the log-prob path
+    multiplies by the head's weight directly, so an adapter or a trained copy there would never be
+    used by the trainer (and peft's wrapper is no ``nn.Linear``)."""
+    heads = _names_of(model, model.get_output_embeddings())
+    for entry in entries:
+        for head in heads:
+            if _covers(head, entry):
+                raise ConfigError(
+                    f"{key}: {entry!r} names the LM head ({head}); it cannot be adapted or trained as a copy, "
+                    "because the log-prob path multiplies by the head's weight directly. Leave it out"
+                    + (" (its weight is the embedding's: adapting embed_tokens trains the input side)"
+                       if tied_embeddings(model) else ""))
+
+
+def tied_embeddings(model: nn.Module) -> bool:
+    """Whether the LM head's weight is the input embedding's (one tensor)."""
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and emb is not None and head.weight is emb.weight
+
+
+def untie_adapted_embedding(model: nn.Module, lora: LoraConfig) -> bool:
+    """Give the LM head its own copy of a tied embedding matrix when ``lora`` adapts the embedding
+    (``target_modules`` or ``modules_to_save`` names it or a module holding it); returns whether it did.
+
+    The trainer then trains exactly the module peft adapts (the input side), with the head frozen
+    at the base's matrix, as before; the config says ``tie_word_embeddings: false``, so a merged
+    export, ``eval.py`` and a vLLM engine build the same untied model (module docstring)."""
+    if not tied_embeddings(model):
+        return False
+    emb_names = _names_of(model, model.get_input_embeddings())
+    entries = [e for e in list(lora.target_modules) + list(lora.modules_to_save) if e != ALL_LINEAR_NAME]
+    if not any(_covers(n, e) for n in emb_names for e in entries):
+        return False
+    head = model.get_output_embeddings()
+    head.weight = nn.Parameter(head.weight.detach().clone(), requires_grad=head.weight.requires_grad)
+    model.config.tie_word_embeddings = False
+    if hasattr(model.config, "get_text_config"):
+        model.config.get_text_config().tie_word_embeddings = False
+    if hasattr(model, "all_tied_weights_keys"):  # transformers 5: the tying map save/load consult
+        model.all_tied_weights_keys = {}
+    log.info("model.lora adapts the embedding, which %s ties to its LM head: the head keeps its own frozen copy "
+             "of the base matrix (tie_word_embeddings=false), so merges and engines hold the trained policy",
+             type(model).__name__)
+    return True
+
+
+def check_rank(model: nn.Module, lora: LoraConfig, targets: list[str]) -> str | None:
+    """A warning (logged and returned) when ``model.lora.r`` gives some adapted layer an adapter no
+    smaller than the layer: ``r (in + out) >= in · out``. ``B A`` cannot exceed rank ``min(in, out)``,
+    so such an adapter trains more parameters than the layer itself, for no more expressiveness."""
+    r, worst = int(lora.r), None
+    for name, m in model.named_modules():
+        if not any(_matches(name, t) for t in targets):
+            continue
+        dims = (m.in_features, m.out_features) if isinstance(m, nn.Linear) else \
+            (m.num_embeddings, m.embedding_dim) if isinstance(m, nn.Embedding) else None
+        if dims and r * sum(dims) >= dims[0] * dims[1] and (worst is None or min(dims) < min(worst[1])):
+            worst = (name, dims)
+    if worst is None:
+        return None
+    (name, (n_in, n_out)) = worst
+    msg = (f"model.lora.r={r} is not low-rank for {name} ({n_out} x {n_in}): its adapter holds r x (in + out) = "
+           f"{r * (n_in + n_out)} parameters, no fewer than the layer's {n_in * n_out}, and B A cannot exceed rank "
+           f"{min(n_in, n_out)}. Use model.lora.r <= {(n_in * n_out - 1) // (n_in + n_out)} (or model.lora.r=0 to train "
+           "every parameter)")
+    log.warning(msg)
+    return msg
 
 
 def apply_lora(model: nn.Module, lora: LoraConfig, gradient_checkpointing: bool = False) -> nn.Module:
@@ -97,13 +202,18 @@ def apply_lora(model: nn.Module, lora: LoraConfig, gradient_checkpointing: bool 
         raise ConfigError(f"model.lora.r={lora.r} must be >= 0 (0 or null = full-parameter training)")
     if lora.alpha is not None and lora.alpha <= 0:
         raise ConfigError(f"model.lora.alpha={lora.alpha} must be > 0 (null = 2 x r)")
+    targets = resolve_targets(model, list(lora.target_modules))
+    check_not_the_head(model, targets, "model.lora.target_modules")
     for name in lora.modules_to_save:
-        resolve_targets(model, [name])
+        resolve_targets(model, [name], "model.lora.modules_to_save")
+    check_not_the_head(model, list(lora.modules_to_save), "model.lora.modules_to_save")
+    check_rank(model, lora, targets)
     peft_cfg = PeftLoraConfig(r=int(lora.r), lora_alpha=lora_alpha(lora), lora_dropout=float(lora.dropout),
-                              target_modules=resolve_targets(model, list(lora.target_modules)),
-                              modules_to_save=list(lora.modules_to_save) or None, bias="none",
-                              task_type="CAUSAL_LM")
-    identity = base_identity(model)
+                              target_modules=targets, modules_to_save=list(lora.modules_to_save) or None,
+                              bias="none", task_type="CAUSAL_LM")
+    identity = base_identity(model)  # the base as loaded (tied or not): what a resume or a worker compares
+    model.arlopti_base_identity = identity
+    untie_adapted_embedding(model, lora)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(identity["fingerprint"][:8], 16))
         peft_model = get_peft_model(model, peft_cfg)
@@ -157,7 +267,10 @@ def base_identity(model: nn.Module) -> dict:
     and a fingerprint of the input embedding's values (float64 sum, sum of squares, first row).
 
     Computed once, before any sharding; a LoRA checkpoint holds no base weights, so resuming
-    or exporting compares this instead (:func:`check_base_identity`)."""
+    or exporting compares this instead (:func:`check_base_identity`). A base untied for LoRA
+    (:func:`untie_adapted_embedding`) keeps the identity it had as loaded."""
+    if getattr(model, "arlopti_base_identity", None) is not None:
+        return model.arlopti_base_identity
     cfg = model.config.to_dict() if hasattr(model, "config") else {}
     arch = {k: cfg.get(k) for k in ("architectures", "model_type", "hidden_size", "num_hidden_layers",
                                     "num_attention_heads", "num_key_value_heads", "intermediate_size",

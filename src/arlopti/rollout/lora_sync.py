@@ -66,6 +66,7 @@ def engine_named_params(module: nn.Module, merged: bool = True) -> Iterator[tupl
     hf = getattr(module, "hf", module)
     adapter = hf.active_adapter
     base = base_model_of(hf)
+    check_untied_if_adapted(base)
     layers = _lora_layers(base)
     for name, param in base.named_parameters():
         plain = _plain_name(name, adapter)
@@ -76,6 +77,23 @@ def engine_named_params(module: nn.Module, merged: bool = True) -> Iterator[tupl
             yield plain, merged_weight(layers[owner], adapter)
         else:
             yield plain, param
+
+
+def check_untied_if_adapted(base: nn.Module) -> None:
+    """Refuse a peft-wrapped base whose adapted (or ``modules_to_save``) embedding still shares its
+    matrix with the LM head: an engine ties the head to the embedding it is sent, so it would apply
+    the adapter to the head too, which the trainer never does (16.9 nats apart, issue 38).
+    :func:`arlopti.models.lora.apply_lora` unties such a base first; a ``PeftModel`` built elsewhere
+    must do the same."""
+    emb, head = base.get_input_embeddings(), base.get_output_embeddings()
+    inner = getattr(emb, "original_module", None)  # a modules_to_save wrapper's frozen original
+    if inner is None:
+        inner = emb.get_base_layer() if hasattr(emb, "get_base_layer") else emb  # a LoRA layer's base
+    if inner is not emb and head is not None and getattr(head, "weight", None) is getattr(inner, "weight", None):
+        raise ValueError(
+            "model.lora adapts the embedding of a model whose LM head is that same matrix (tie_word_embeddings): "
+            "the engine would apply the adapter to the head too. Build the policy with "
+            "arlopti.models.lora.apply_lora, which gives the head its own copy first")
 
 
 @torch.no_grad()
@@ -132,10 +150,25 @@ def lora_engine_args(policy: nn.Module, lora_sync: str, max_loras: int = 1) -> d
     """Extra ``vllm.LLM`` arguments of the ``adapter`` sync mode (none for ``merged``)."""
     if not is_lora(policy) or lora_sync != "adapter":
         return {}
-    check_lora_serving()
     hf = getattr(policy, "hf", policy)
     cfg = hf.peft_config[hf.active_adapter]
+    check_embedding_servable(base_model_of(hf))
+    check_lora_serving()
     return {"enable_lora": True, "max_lora_rank": _vllm_rank(int(cfg.r)), "max_loras": max_loras}
+
+
+def check_embedding_servable(base: nn.Module) -> None:
+    """Refuse, before the engine starts, an adapter on the embedding under ``rollout.lora_sync=adapter``:
+    vLLM's LoRA serves linear layers, and embedding adapters only for some architectures (not Qwen2's,
+    whose vLLM model declares no ``embedding_modules``). The merged sync sends the merged embedding
+    instead. (``modules_to_save``, which vLLM refuses too, is checked on the config at start-up:
+    :func:`arlopti.models.lora_serving.check_adapter_servable`.)"""
+    from arlopti.config import ConfigError
+
+    embedded = sorted(n for n, m in _lora_layers(base).items() if isinstance(m.get_base_layer(), nn.Embedding))
+    if embedded:
+        raise ConfigError(f"rollout.lora_sync=adapter cannot serve the adapter on the embedding ({embedded[0]}, from "
+                          "model.lora.target_modules): vLLM's LoRA serves linear layers; use rollout.lora_sync=merged")
 
 
 def check_lora_serving(platform=None) -> None:
