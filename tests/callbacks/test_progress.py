@@ -61,6 +61,71 @@ def test_compact_line_fits_80_columns_and_long_needs_a_wide_terminal():
         StepLine(style="wide")
 
 
+def test_a_step_without_a_learning_signal_says_so_and_a_run_of_them_warns(caplog):
+    """Issue 38: every group's rewards equal (zero_std_group_frac = 1) means every advantage is 0."""
+    from types import SimpleNamespace
+
+    from arlopti.callbacks.progress import NO_SIGNAL_WARN_AFTER, no_signal
+
+    flat = {"reward/mean": -3.0, "reward/std": 0.0, "reward/zero_std_group_frac": 1.0, "reward/accuracy": 0.0}
+    spread = {**flat, "reward/std": 1.5}  # every group flat, but the groups differ
+    assert no_signal(flat) and no_signal(spread) and not no_signal({**flat, "reward/zero_std_group_frac": 0.75})
+    assert no_signal(flat, "reinforce_pp") and not no_signal(spread, "reinforce_pp")  # a batch baseline
+    assert not no_signal({"reward/mean": 0.0})
+    assert format_line(1, 2, {**flat, "no_signal": True}, None, None) == (
+        "step 1/2 | reward -3.000 | no signal | acc 0.000 | ETA ?")
+    assert format_compact(1, 2, {**flat, "no_signal": True}, None, None) == "step 1/2 rew -3.000 (no signal) ETA ?"
+    worst = {"reward/mean": -9.125, "reward/error": 0.5, "update/kl": 1.5e-10, "rollout/response_len_mean": 32768,
+             "no_signal": True}
+    assert len(format_compact(9_999, 9_999, worst, 9999.9, 86399)) <= 80
+
+    class Trainer(SimpleNamespace):  # weak-referenceable, as Lightning's Trainer is
+        pass
+
+    line = StepLine(style="compact")
+    trainer = Trainer(global_rank=0, max_epochs=1, num_training_batches=10, should_stop=False)
+    line.on_train_start(trainer, SimpleNamespace(rollout_step=0))
+    with caplog.at_level("INFO"):
+        for step, m in enumerate([flat] * (NO_SIGNAL_WARN_AFTER - 1) + [{**flat, "reward/zero_std_group_frac": 0.5}]
+                                 + [flat] * (NO_SIGNAL_WARN_AFTER + 1), start=1):
+            module = SimpleNamespace(rollout_step=step, total_rollout_steps=10, cfg=None,
+                                     last_step_context=SimpleNamespace(metrics=m))
+            line.on_train_batch_end(trainer, module, None, None, step - 1)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    last = 2 * NO_SIGNAL_WARN_AFTER + 1
+    assert len(warnings) == 1, warnings  # once per run of flat steps, and a short run gives none
+    assert warnings[0].startswith(f"rollout steps {NO_SIGNAL_WARN_AFTER + 1}-{last - 1} had no learning signal: in "
+                                  "every group all responses got the same reward (mean reward -3.000)")
+    assert "tiny random model scores -3 on every K&K response" in warnings[0]
+    assert sum("(no signal)" in r.getMessage() for r in caplog.records if r.name == "arlopti.progress") == last - 1
+
+
+def test_lightnings_max_epochs_line_names_rollout_steps_when_they_stopped_the_run():
+    """Issue 38: rollout_steps (or a signal) stops the run mid-epoch, and Lightning still said max_epochs."""
+    import logging
+    from types import SimpleNamespace
+
+    from arlopti.utils.console import FitStopReason, watch_fit_stop
+
+    class Trainer(SimpleNamespace):  # weak-referenceable, as Lightning's Trainer is
+        pass
+
+    def line(**state):
+        stop = state.pop("stop", True)
+        module = SimpleNamespace(rollout_step=2, total_rollout_steps=2, preempted=False)
+        module.__dict__.update(state)
+        trainer = Trainer(should_stop=stop, lightning_module=module)
+        watch_fit_stop(trainer)
+        record = logging.LogRecord("lightning.pytorch.utilities.rank_zero", logging.INFO, __file__, 1,
+                                   "`Trainer.fit` stopped: `max_epochs=1` reached.", (), None)
+        return record.getMessage() if FitStopReason().filter(record) else None
+
+    assert line() == "`Trainer.fit` stopped: `rollout_steps=2` reached."
+    assert line(preempted=True) is None  # the checkpoint callback said why
+    assert line(stop=False) == "`Trainer.fit` stopped: `max_epochs=1` reached."  # the epochs did end it
+    assert line(rollout_step=1) == "`Trainer.fit` stopped: `max_epochs=1` reached."  # another callback stopped it
+
+
 def test_every_n_steps_is_checked():
     with pytest.raises(ValueError, match="callbacks.step_line.every_n_steps"):
         StepLine(every_n_steps=0)
@@ -95,6 +160,8 @@ def test_non_tty_run_logs_one_line_per_step_and_nothing_twice(tmp_path):
     assert not re.search(r"^INFO: ", console, re.M), "Lightning's own handler still prints"
     assert "💡" not in console and "LeafSpec" not in console and "in eval mode at the start" not in console
     assert re.search(r"rollout steps .* 3/3 ", console)  # the bar counts rollout steps
+    # rollout_steps=3 stops the run mid-epoch: Lightning's closing line says so, not "max_epochs=1 reached"
+    assert "`Trainer.fit` stopped: `rollout_steps=3` reached." in console and "max_epochs=1" not in console
     # logger=csv: the csv hint on one line, no TensorBoard hint (no such folder)
     assert f"CSV: {run / 'csv' / 'metrics.csv'}\n" in console
     assert "tensorboard --logdir" not in console and not (run / "tensorboard").exists()

@@ -72,3 +72,27 @@ def test_validation_rows_are_the_correctness_metrics_only(capsys, tmp_path):
         assert shown in out
     for hidden in ("greedy/reward", "format_rate", "mean/sets", "accuracy_notes"):
         assert hidden not in out
+
+
+def test_steps_without_a_learning_signal_are_counted_and_said(capsys, tmp_path):
+    """Issue 38: debug=smoke on the tiny model gives every K&K response -3, so every advantage is 0; the
+    summary says nothing was learned (and how many steps had no signal when only some did)."""
+    import json
+
+    flat = {"reward/mean": -3.0, "reward/std": 0.0, "reward/zero_std_group_frac": 1.0}
+    varied = {"reward/mean": 1.0, "reward/std": 0.8, "reward/zero_std_group_frac": 0.5}
+    trainer = SimpleNamespace(loggers=[], default_root_dir=str(tmp_path))
+    for steps, said in (([flat, flat], "no learning signal at any of the 2 rollout steps"),
+                        ([flat, varied, varied], "no learning signal at 1 of the 3 rollout steps"),
+                        ([varied], None)):
+        cb = TrainingSummary(out_file=str(tmp_path / "summary.json"))
+        module = SimpleNamespace(rollout_step=len(steps), _trainer=None, eval_results=[], cfg=None)
+        for m in steps:
+            cb.on_train_batch_end(trainer, SimpleNamespace(last_step_context=SimpleNamespace(metrics=m)), None, None, 0)
+        cb.on_fit_end(trainer, module)
+        out = capsys.readouterr().out
+        if said is None:
+            assert "learning signal" not in out
+        else:
+            assert said in out and "every advantage was 0" in out
+        assert json.loads((tmp_path / "summary.json").read_text())["no_signal_steps"] == sum(m is flat for m in steps)

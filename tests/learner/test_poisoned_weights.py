@@ -57,6 +57,40 @@ def test_tensors_finite():
         assert not bool(tensors_finite([*good, t]))
 
 
+def test_first_step_size_by_hand():
+    """AdamW's first step moves each element with a gradient by lr g / (|g| + eps), plus lr wd w; SGD's by lr (g + wd w)."""
+    from arlopti.learner.guard import first_step_size
+
+    w = torch.nn.Parameter(torch.tensor([3.0, 4.0, 0.0]))
+    w.grad = torch.tensor([2.0, -1e-3, 0.0])
+    adam = torch.optim.AdamW([w], lr=0.1, eps=1e-8, weight_decay=0.5)
+    step = 0.1 * (w.grad / (w.grad.abs() + 1e-8) + 0.5 * w.detach())
+    assert first_step_size(adam) == pytest.approx((float(step.norm()), 5.0), rel=1e-6)
+    before = w.detach().clone()
+    adam.step()
+    assert float((before - w.detach()).norm()) == pytest.approx(float(step.norm()), rel=1e-5), "torch agrees"
+    sgd = torch.optim.SGD([w], lr=0.1, weight_decay=0.5)
+    want = 0.1 * (w.grad + 0.5 * w.detach())
+    assert first_step_size(sgd)[0] == pytest.approx(float(want.norm()), rel=1e-6)
+
+
+@pytest.mark.parametrize("lr, warned", [(1e30, True), (1e-3, False)])
+def test_a_first_step_larger_than_the_weights_warns(tiny_tokenizer, caplog, lr, warned):
+    """Issue 38: optim.lr=1e30 ran to the end with weights near 1e28 and no word; now the first step warns."""
+    from helpers.fixed_rollouts import FixedEngine
+
+    module = GRPOModule(make_cfg(lr), tokenizer=tiny_tokenizer, total_rollout_steps=1)
+    module.rollout_engine = FixedEngine(tiny_tokenizer)
+    with caplog.at_level("WARNING", logger="arlopti.learner.guard"):
+        toy_trainer().fit(module, datamodule=ToyDataModule(n=2, tokenizer=tiny_tokenizer, prompts_per_step=2,
+                                                           max_prompt_length=256))
+    found = [r.getMessage() for r in caplog.records if r.name == "arlopti.learner.guard"]
+    assert bool(found) is warned, found
+    if warned:
+        assert len(found) == 1 and re.match(r"optim\.lr=1e\+30: the first optimizer step \(rollout step 1\) would "
+                                            r"move the trainable weights by [\d.e+]+ .* x their own norm", found[0])
+
+
 def poison_after(monkeypatch, n: int) -> None:
     """Make the optimizer step number ``n`` (1-based) write a NaN into the weights, its loss and
     gradient finite (what lr=inf or an optimizer overflow does)."""

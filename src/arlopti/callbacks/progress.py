@@ -11,7 +11,11 @@
   the ETA (:func:`eta_seconds`) on a terminal at least :data:`LONG_LINE_COLUMNS` wide
   (:func:`format_line`), else the 80-column form (:func:`format_compact`: no TTY, a narrow terminal;
   ``+callbacks.step_line.style=compact|long`` forces one). Both show the failed reward calls'
-  fraction (``reward_err`` / ``err``) whenever it is not zero.
+  fraction (``reward_err`` / ``err``) whenever it is not zero, and ``no signal`` on a step whose
+  groups carried no learning signal (:func:`no_signal`; the compact form drops ``acc`` for it).
+  After :data:`NO_SIGNAL_WARN_AFTER` such steps in a row it logs a warning naming the cause
+  (:func:`no_signal_warning`); the end-of-run summary says it too
+  (:class:`arlopti.callbacks.summary.TrainingSummary`).
 
 Both read the module's ``rollout_step``, ``total_rollout_steps`` and ``last_step_context.metrics``
 (:class:`arlopti.learner.module.GRPOModule`).
@@ -26,8 +30,10 @@ import time
 from lightning.pytorch.callbacks import Callback, RichProgressBar
 
 from arlopti.callbacks.cadence import check_every
+from arlopti.utils.console import watch_fit_stop
 
 log = logging.getLogger("arlopti.progress")
+warn_log = logging.getLogger(__name__)  # warnings keep Hydra's prefix (the step lines print bare)
 
 #: (label, metric tag, format) of the line's fields, in order; a tag absent this step is left out.
 LINE_FIELDS = (
@@ -39,6 +45,41 @@ LINE_FIELDS = (
     ("len", "rollout/response_len_mean", "{:.0f}"),
     ("turns", "turns/mean", "{:.2f}"),  # multi-turn episodes only (task.env)
 )
+
+
+#: Advantage estimators whose baseline is the batch's, not the group's: a step has a signal there as
+#: long as the batch's rewards differ (``reward/std`` > 0), even when every group's are equal.
+BATCH_BASELINE_ESTIMATORS = ("reinforce_pp",)
+#: Consecutive rollout steps without a learning signal after which :class:`StepLine` warns.
+NO_SIGNAL_WARN_AFTER = 3
+
+
+def no_signal(metrics: dict[str, float], advantage: str = "grpo") -> bool:
+    """Whether a step's rollout carried no learning signal: in every group all responses got the same
+    reward (``reward/zero_std_group_frac`` = 1), so every group-relative advantage is 0, and with it the
+    policy gradient (for :data:`BATCH_BASELINE_ESTIMATORS`: the whole batch's rewards were equal,
+    ``reward/std`` = 0). False when the metric is not logged."""
+    frac = metrics.get("reward/zero_std_group_frac")
+    if frac is None or float(frac) < 1.0:
+        return False
+    return advantage not in BATCH_BASELINE_ESTIMATORS or float(metrics.get("reward/std") or 0.0) == 0.0
+
+
+def no_signal_warning(first: int, last: int, reward: float | None) -> str:
+    """The warning for rollout steps ``first``..``last`` without a learning signal, naming the cause."""
+    same = f" (mean reward {reward:.3f})" if reward is not None else ""
+    return (f"rollout steps {first}-{last} had no learning signal: in every group all responses got the same "
+            f"reward{same}, so every advantage was 0 (reward/zero_std_group_frac = 1) and the policy learned nothing "
+            "from its reward. The reward cannot tell this model's responses to a prompt apart: a task far too hard "
+            "or too easy for the model (the tiny random model scores -3 on every K&K response), or a reward that "
+            "returns a constant. Check the reward on a few responses, or raise sizes.group_size / "
+            "rollout.temperature, or use an easier data set or a stronger model")
+
+
+def advantage_estimator(pl_module) -> str:
+    """The learner's ``algorithm.advantage`` (``grpo`` when it has no config)."""
+    cfg = getattr(pl_module, "cfg", None)
+    return getattr(getattr(cfg, "algorithm", None), "advantage", "grpo")
 
 
 def planned_steps(rollout_steps: int | None, max_epochs: int | None, batches_per_epoch: float | None) -> float:
@@ -95,7 +136,8 @@ def format_line(step: int, total: float, metrics: dict[str, float], step_s: floa
                 eta_s: float | None) -> str:
     """``step 3/10 | reward -1.250 | acc 0.125 | kl 1.00e-03 | ent 1.234 | clip 0.010 | len 85 |
     tok/s 312 | 4.1 s/step | ETA 0:00:29`` (fields without a value are left out; ``reward_err``
-    after ``reward`` when some reward call failed, :func:`reward_error_fraction`)."""
+    after ``reward`` when some reward call failed, :func:`reward_error_fraction`; ``no signal`` after
+    them when ``metrics["no_signal"]`` is set, :func:`no_signal`)."""
     values = dict(metrics)
     clip = clip_fraction(metrics)
     if clip is not None:
@@ -106,6 +148,8 @@ def format_line(step: int, total: float, metrics: dict[str, float], step_s: floa
             parts.append(f"{label} {fmt.format(float(values[tag]))}")
         if tag == "reward/mean" and reward_error_fraction(values) > 0:
             parts.append(f"reward_err {reward_error_fraction(values):.3f}")
+        if tag == "reward/mean" and values.get("no_signal"):
+            parts.append("no signal")
     if "timing/tokens_per_s" in values:
         parts.append(f"tok/s {float(values['timing/tokens_per_s']):.0f}")
     parts += async_fields(values)
@@ -126,12 +170,16 @@ LONG_LINE_COLUMNS = 160
 def format_compact(step: int, total: float, metrics: dict[str, float], step_s: float | None,
                    eta_s: float | None) -> str:
     """The line for an 80-column terminal or a log file: ``step 3/10 rew -1.250 acc 0.125
-    kl 1.0e-03 len 85 ETA 0:00:29`` (``err`` after ``rew`` when some reward call failed; entropy,
+    kl 1.0e-03 len 85 ETA 0:00:29`` (``err`` after ``rew`` when some reward call failed; ``(no signal)``
+    instead of ``acc`` on a step without a learning signal, the ``no_signal`` key; entropy,
     clip, tok/s, the step time and the rollout workers' side only in the long form, and in the loggers). At most 80
     characters for up to 9,999 steps, |reward| < 10 and an ETA under a day."""
     parts = [f"step {step}/{int(total) if math.isfinite(total) else '?'}"]
+    flat = bool(metrics.get("no_signal"))
     for label, tag, fmt in COMPACT_FIELDS:
-        if metrics.get(tag) is not None:
+        if tag == "reward/accuracy" and flat:
+            parts.append("(no signal)")  # in acc's place, so the line still fits 80 columns
+        elif metrics.get(tag) is not None:
             parts.append(f"{label} {fmt.format(float(metrics[tag]))}")
         if tag == "reward/mean" and reward_error_fraction(metrics) > 0:
             parts.append(f"err {reward_error_fraction(metrics):.2f}")
@@ -184,22 +232,41 @@ class StepLine(Callback):
         self._t0: float | None = None
         self._start_step = 0
         self._last_t: float | None = None
+        self._flat_since: int | None = None  # first step of the current run of steps without a signal
+        self._warned_since: int | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
+        watch_fit_stop(trainer)  # so Lightning's closing line names rollout_steps, not max_epochs
         self._t0 = self._last_t = time.perf_counter()
         self._start_step = int(getattr(pl_module, "rollout_step", 0))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = int(getattr(pl_module, "rollout_step", 0))
         ctx = getattr(pl_module, "last_step_context", None)
-        if trainer.global_rank != 0 or ctx is None or step % self.every_n_steps or self._t0 is None:
+        if trainer.global_rank != 0 or ctx is None or self._t0 is None:
+            return
+        flat = no_signal(ctx.metrics, advantage_estimator(pl_module))
+        self._watch_signal(step, flat, ctx.metrics.get("reward/mean"))
+        if step % self.every_n_steps:
             return
         now = time.perf_counter()
         total = _planned(trainer, pl_module)
         step_s = (now - self._last_t) / self.every_n_steps if self._last_t is not None else None
         self._last_t = now
         fmt = format_line if (self.style if self.style != "auto" else line_style()) == "long" else format_compact
-        log.info(fmt(step, total, ctx.metrics, step_s, eta_seconds(step, total, self._start_step, now - self._t0)))
+        metrics = {**ctx.metrics, "no_signal": flat}
+        log.info(fmt(step, total, metrics, step_s, eta_seconds(step, total, self._start_step, now - self._t0)))
+
+    def _watch_signal(self, step: int, flat: bool, reward: float | None) -> None:
+        """Warn once per run of :data:`NO_SIGNAL_WARN_AFTER` or more steps in a row without a signal."""
+        if not flat:
+            self._flat_since = None
+            return
+        if self._flat_since is None:
+            self._flat_since = step
+        if step - self._flat_since + 1 >= NO_SIGNAL_WARN_AFTER and self._warned_since != self._flat_since:
+            self._warned_since = self._flat_since
+            warn_log.warning(no_signal_warning(self._flat_since, step, reward))
 
 
 class RolloutProgressBar(RichProgressBar):

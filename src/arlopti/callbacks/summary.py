@@ -6,8 +6,11 @@ rollout steps run; mean reward, accuracy and format rate at the first and the la
 (mean of the first/last ``window`` steps); validation accuracy per set at the first and last
 evaluation; the fraction of failed reward calls (``reward_err``) when it is not zero; and, for
 each logger the run actually used, where its files are and the command that opens them
-(:func:`logger_hints`), printed as plain lines so that no path is ever wrapped. The same numbers
-land in ``<output_dir>/summary.json`` so a script (or a test) can read them.
+(:func:`logger_hints`), printed as plain lines so that no path is ever wrapped. A run with steps
+that carried no learning signal (:func:`arlopti.callbacks.progress.no_signal`: every group's
+responses got the same reward, so every advantage was 0) says how many, and when it was every
+step, that nothing was learned (:func:`no_signal_note`). The same numbers land in
+``<output_dir>/summary.json`` (``no_signal_steps``) so a script (or a test) can read them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from pathlib import Path
 import lightning.pytorch as L
 from lightning.pytorch.utilities import rank_zero_only
 
+from arlopti.callbacks.progress import advantage_estimator, no_signal
 from arlopti.eval.runner import is_accuracy_key
+from arlopti.utils.console import watch_fit_stop
 
 
 class TrainingSummary(L.Callback):
@@ -32,12 +37,17 @@ class TrainingSummary(L.Callback):
         self.window = max(1, window)
         self.out_file = out_file
         self.history: list[dict[str, float]] = []
+        self.no_signal_steps = 0  # steps of this process without a learning signal
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        watch_fit_stop(trainer)  # so Lightning's closing line names rollout_steps, not max_epochs
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         ctx = getattr(pl_module, "last_step_context", None)
         if ctx is not None:
             self.history.append({k: float(ctx.metrics[k]) for k in self.KEYS + self.ERROR_KEYS
                                  if k in ctx.metrics})
+            self.no_signal_steps += int(no_signal(ctx.metrics, advantage_estimator(pl_module)))
 
     def summary(self, pl_module) -> dict:
         def mean(rows):
@@ -53,6 +63,7 @@ class TrainingSummary(L.Callback):
             # a single evaluation is only the "last" one: it is not a start-vs-end comparison
             "eval_first": evals[0] if len(evals) > 1 else {},
             "eval_last": evals[-1] if evals else {},
+            "no_signal_steps": self.no_signal_steps,  # of the len(history) steps this process ran
             # null when the run had no TensorBoard logger (the folder was never written)
             "tensorboard_dir": self.tensorboard_dir if self.tensorboard_dir and Path(self.tensorboard_dir).is_dir()
             else None,
@@ -85,11 +96,25 @@ class TrainingSummary(L.Callback):
                 table.add_row(key, _fmt(first.get(key)), _fmt(last.get(key)))
         console = Console()
         console.print(table)
+        note = no_signal_note(self.no_signal_steps, len(self.history))
+        if note:
+            print(note, flush=True)
         for line in logger_hints(trainer.loggers):
             print(line, flush=True)  # plain print: rich would wrap a long path at 80 columns without a TTY
         out = self.out_file or (Path(trainer.default_root_dir) / "summary.json")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(s, indent=2))
+
+
+def no_signal_note(flat: int, steps: int) -> str | None:
+    """The summary's line on steps without a learning signal (None when every step had one)."""
+    if not flat:
+        return None
+    why = ("every group's responses got the same reward, so every advantage was 0 "
+           "(reward/zero_std_group_frac = 1)")
+    if flat == steps:
+        return f"no learning signal at any of the {steps} rollout steps: {why}; nothing was learned from the reward"
+    return f"no learning signal at {flat} of the {steps} rollout steps: {why} there"
 
 
 def logger_hints(loggers) -> list[str]:

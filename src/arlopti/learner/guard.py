@@ -4,14 +4,22 @@
 A step whose loss and gradient norm were finite can still poison the weights (a huge learning
 rate, an optimizer overflow): after every optimizer step the learner checks the updated parameters
 with :func:`tensors_finite` (one fused reduction over the parameters) and
-:meth:`NonFiniteGuard.check_weights` aborts the run before anything can save them."""
+:meth:`NonFiniteGuard.check_weights` aborts the run before anything can save them.
+
+A learning rate can also be finite and absurd (``optim.lr=1e30`` ran to the end with weights near
+1e28, issue 38): before the process's first optimizer step, :meth:`NonFiniteGuard.check_first_step`
+computes the update that step is about to apply (:func:`first_step_size`) and warns when it is larger
+than the weights it updates."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Iterable
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteAbort(RuntimeError):
@@ -24,6 +32,7 @@ class NonFiniteGuard:
         self.consecutive = 0
         self.total = 0
         self.poisoned = False  # set when check_weights found non-finite weights
+        self.first_step_checked = False  # check_first_step ran in this process
 
     def allow(self, finite: bool, *, loss: float, grad_norm: float, rollout_step: int) -> bool:
         """True: take the step. False: skip it (counted). Raises :class:`NonFiniteAbort` after
@@ -51,6 +60,25 @@ class NonFiniteGuard:
             f"gradient were finite (lr={lr:g}, loss={loss}, grad_norm={grad_norm}). The run stops before any "
             "checkpoint of these weights is saved; lower optim.lr (or set a smaller optim.grad_clip) and "
             "resume from the last checkpoint.")
+
+    def check_first_step(self, optimizer, rollout_step: int) -> str | None:
+        """Before this process's first optimizer step (gradients clipped, not yet applied): warn (and
+        return the message) when the update (:func:`first_step_size`, at the full learning rate) is
+        larger than the trainable weights' own norm. Collective under FSDP2: every rank calls it."""
+        if self.first_step_checked:
+            return None
+        self.first_step_checked = True
+        size = first_step_size(optimizer)
+        if size is None or not size[1] > 0 or size[0] <= size[1]:
+            return None
+        (update, weights), lr = size, _peak_lr(optimizer)
+        msg = (f"optim.lr={lr:g}: the first optimizer step (rollout step {rollout_step + 1}) would move the trainable "
+               f"weights by {update:.3g} (the update's norm at the full learning rate), {update / weights:.3g} x "
+               f"their own norm {weights:.3g}: the run diverges or loses what the model knew. Lower optim.lr "
+               "(the experiments use 1e-6)")
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            log.warning(msg)
+        return msg
 
     def state_dict(self) -> dict:
         return {"total_skips": self.total, "consecutive_skips": self.consecutive}
@@ -112,3 +140,43 @@ def clip_global_norm(params: list[torch.Tensor], max_norm: float | None) -> floa
     if hasattr(norm, "full_tensor"):  # DTensor under FSDP2
         norm = norm.full_tensor()
     return float(norm)
+
+
+def _peak_lr(optimizer) -> float:
+    """The largest learning rate of the optimizer's groups before any schedule (``initial_lr``)."""
+    return max(float(g.get("initial_lr", g["lr"])) for g in optimizer.param_groups)
+
+
+def _norm_sq(t: torch.Tensor) -> float:
+    n = torch.linalg.vector_norm(t.float())
+    return float(n.full_tensor() if hasattr(n, "full_tensor") else n) ** 2  # a DTensor's norm: all its shards
+
+
+@torch.no_grad()
+def first_step_size(optimizer) -> tuple[float, float] | None:
+    """``(‖Δ‖, ‖W‖)``: the norm of the update ``optimizer``'s first step applies to its parameters
+    from their current gradients, at each group's full learning rate (``initial_lr``: before a
+    warmup's multiplier), and the norm of those parameters. None for an optimizer other than the
+    two ``optim.name`` builds (AdamW, SGD).
+
+    torch's first AdamW step: m = (1 − β1) g, v = (1 − β2) g², and after bias correction
+    Δ = lr · g / (|g| + eps) + lr · wd · W (decoupled decay), about lr per element with a gradient.
+    SGD's: Δ = lr · (g + wd · W), times (1 + momentum) with Nesterov. Parameters without a gradient
+    count in ‖W‖ only. One pass over the parameters (each DTensor's norm a collective)."""
+    kind = type(optimizer).__name__
+    if kind not in ("AdamW", "SGD"):
+        return None
+    update = weights = 0.0
+    for g in optimizer.param_groups:
+        lr, wd = float(g.get("initial_lr", g["lr"])), float(g.get("weight_decay", 0.0))
+        for p in g["params"]:
+            weights += _norm_sq(p)
+            if p.grad is None:
+                continue
+            grad = p.grad.float()
+            if kind == "SGD":
+                step = (grad + wd * p.float()) * (1.0 + (float(g.get("momentum", 0.0)) if g.get("nesterov") else 0.0))
+            else:
+                step = grad / (grad.abs() + float(g["eps"])) + wd * p.float()
+            update += lr * lr * _norm_sq(step)  # lr outside the norm: 1e30 x a float32 tensor overflows
+    return math.sqrt(update), math.sqrt(weights)

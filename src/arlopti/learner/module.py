@@ -441,6 +441,11 @@ class GRPOModule(L.LightningModule):
                                                                            self.world, self._lora_base)
         self.weight_version = version + 1  # force an engine sync
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Before this process's first optimizer step: warn when it would move the weights by more than
+        their own norm (:meth:`~arlopti.learner.guard.NonFiniteGuard.check_first_step`)."""
+        self.guard.check_first_step(optimizer, self.rollout_step)
+
     def on_train_start(self) -> None:
         if self._pending_rng is not None:
             restore_rng_state(self._pending_rng)

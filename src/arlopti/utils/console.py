@@ -17,14 +17,22 @@ What is filtered, each at its source (a logger name or a warning's module and me
 * ``lightning.pytorch.loops.fit_loop``: ``Found N module(s) in eval mode``: the frozen reference
   policy is in eval mode on purpose.
 
+One Lightning line is corrected rather than dropped (:class:`FitStopReason`): when ``rollout_steps``
+or a preemption signal ends the run mid-epoch, Lightning still counts the cut epoch as done and
+prints "`Trainer.fit` stopped: `max_epochs=1` reached."; it then says ``rollout_steps=N`` instead,
+or nothing after a signal (the checkpoint callback has said why). The callbacks that know the
+trainer register it with :func:`watch_fit_stop`.
+
 Every other warning stays, so do all of this project's warnings.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import warnings
+import weakref
 
 #: (module regex, message regex) of the warnings filtered at their source; see the module docstring.
 IGNORED_WARNINGS = (
@@ -78,12 +86,49 @@ class DropAdverts(logging.Filter):
         return not str(record.getMessage()).startswith(ADVERT_PREFIXES)
 
 
+_MAX_EPOCHS_LINE = re.compile(r"^`Trainer\.fit` stopped: `max_epochs=\d+` reached\.$")
+_fit_trainer: weakref.ref | None = None
+
+
+def watch_fit_stop(trainer) -> None:
+    """Let :class:`FitStopReason` read ``trainer`` (the run being fitted) when Lightning says why it stopped."""
+    global _fit_trainer
+    _fit_trainer = weakref.ref(trainer)
+
+
+def fit_stop_reason(trainer) -> str | None:
+    """What ended a fit that our code stopped (``trainer.should_stop``): ``rollout_steps=N`` when the
+    learner reached it, ``""`` after a preemption signal, None when the stop was not ours."""
+    module = getattr(trainer, "lightning_module", None) if trainer is not None else None
+    if module is None or not getattr(trainer, "should_stop", False):
+        return None
+    if getattr(module, "preempted", False):
+        return ""
+    total = getattr(module, "total_rollout_steps", None)
+    if total is not None and int(getattr(module, "rollout_step", 0)) >= int(total):
+        return f"rollout_steps={int(total)}"
+    return None
+
+
+class FitStopReason(logging.Filter):
+    """Rewrites Lightning's "`max_epochs=N` reached" when that is not why the fit stopped (module docstring)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _fit_trainer is None or not _MAX_EPOCHS_LINE.match(str(record.getMessage())):
+            return True
+        reason = fit_stop_reason(_fit_trainer())
+        if reason is None:
+            return True
+        record.msg, record.args = f"`Trainer.fit` stopped: `{reason}` reached.", ()
+        return bool(reason)
+
+
 def route_lightning_logs() -> None:
     """Print each Lightning log record once: when the root logger has handlers (Hydra's console
     and ``train.log``), remove Lightning's own stream handlers and let its records propagate; in
-    any case drop its adverts. Also points the root's stdout handler at :class:`CurrentStdout`
-    and prints step lines there without Hydra's prefix (:class:`BareStepLines`).
-    Idempotent."""
+    any case drop its adverts and correct its fit-stop line (:class:`FitStopReason`). Also points
+    the root's stdout handler at :class:`CurrentStdout` and prints step lines there without Hydra's
+    prefix (:class:`BareStepLines`). Idempotent."""
     root = logging.getLogger()
     root_has_handlers = bool(root.handlers)
     for h in root.handlers:  # Hydra's console handler follows sys.stdout (the progress bar's proxy)
@@ -102,6 +147,8 @@ def route_lightning_logs() -> None:
         lg = logging.getLogger(name)
         if not any(isinstance(f, DropAdverts) for f in lg.filters):
             lg.addFilter(DropAdverts())
+        if not any(isinstance(f, FitStopReason) for f in lg.filters):
+            lg.addFilter(FitStopReason())
 
 
 def filter_third_party_warnings() -> None:
