@@ -245,3 +245,31 @@ def test_a_flipped_distributed_shard_is_named(saved_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match=re.escape(f"checkpoint file {shard} (holds state_dict.policy.")
                        + r".*is corrupt: its sha256 differs"):
         validate_checkpoint(folder)
+
+
+def distributed_folder(saved_ckpt, folder):
+    """``saved_ckpt`` rewritten as a one-process distributed-checkpoint folder (``dcp.save`` + ``meta.pt``)."""
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = torch.load(saved_ckpt, weights_only=False)
+    with pytest.warns(UserWarning):
+        dcp.save({"state_dict": ckpt.pop("state_dict")}, checkpoint_id=str(folder))
+    torch.save({k: v for k, v in ckpt.items() if k != "optimizer_states"}, folder / "meta.pt")
+    return folder
+
+
+def test_a_distributed_folder_under_a_single_file_trainer_is_refused_naming_ckpt_path(saved_ckpt, tmp_path):
+    """Issue 38: ``ckpt_path=<a 2-rank FSDP2 run>`` with the default trainer died in Lightning with a bare
+    IsADirectoryError."""
+    from lightning.pytorch.strategies import ModelParallelStrategy, SingleDeviceStrategy
+
+    from arlopti.checkpoints.resume import check_checkpoint_strategy
+    from arlopti.config import ConfigError
+
+    folder = distributed_folder(saved_ckpt, tmp_path / "last.ckpt")
+    check_checkpoint_strategy(str(folder), ModelParallelStrategy())
+    check_checkpoint_strategy(str(saved_ckpt), SingleDeviceStrategy("cpu"))
+    with pytest.raises(ConfigError, match=r"ckpt_path=.*last\.ckpt is a distributed-checkpoint folder.*"
+                                          r"SingleDeviceStrategy.*trainer=fsdp"):
+        check_checkpoint_strategy(str(folder), SingleDeviceStrategy("cpu"))
+

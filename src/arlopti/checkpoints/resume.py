@@ -485,6 +485,22 @@ def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False, data: 
                       "(model.* differences will still fail to load).")
 
 
+def check_checkpoint_strategy(ckpt: str, strategy) -> None:
+    """Refuse a distributed-checkpoint folder (FSDP2: one shard per rank) under a trainer whose strategy
+    reads single checkpoint files only (Lightning would fail with a bare ``IsADirectoryError``); only a
+    ``ModelParallelStrategy`` (``trainer=fsdp``) reads such a folder."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from arlopti.config import ConfigError
+
+    if Path(ckpt).is_dir() and not isinstance(strategy, ModelParallelStrategy):
+        raise ConfigError(
+            f"ckpt_path={ckpt} is a distributed-checkpoint folder (FSDP2 writes one shard per rank), and this run's "
+            f"trainer ({type(strategy).__name__}) reads single checkpoint files only: resume it with trainer=fsdp, "
+            f"as it was trained, or export its weights (python -m arlopti.checkpoints.export {ckpt} <out>) and start "
+            "a new run from them (model.name_or_path=<out>)")
+
+
 def finished_reason(ckpt: str, rollout_steps: int | None, max_epochs: int | None) -> str | None:
     """Why a run resumed from ``ckpt`` would have nothing left to do, or None.
 
