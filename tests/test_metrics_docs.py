@@ -4,7 +4,8 @@ Two smoke runs (GRPO, and AR + Lopti with the diagnostics' update direction ever
 dynamic sampling and overlong shaping, both with validation) write TensorBoard; every scalar, histogram and text tag of their event files
 must match a row of docs/metrics.md, and every row must be matched by some tag (all rows' "when"
 conditions are covered by these two runs, except ``rollout.placement=server``'s ``async/*``,
-checked by tests/learner/test_async_metrics.py). Also: the two runs share the core ``update/*``
+checked by tests/learner/test_async_metrics.py, and multi-turn's ``turns/*``, checked by
+tests/learner/test_turn_metrics.py). Also: the two runs share the core ``update/*``
 tags, so GRPO and Lopti overlay on the same cards.
 """
 
@@ -90,8 +91,8 @@ def test_every_written_tag_is_documented_and_every_documented_tag_is_written(run
     assert not undocumented, f"tags missing from docs/metrics.md: {undocumented}"
     # async/* need rollout.placement=server, which these colocated runs are not: tests/learner/test_async_metrics.py
     # checks those rows both ways
-    unwritten = sorted(tag for tag, p in rows.items()
-                       if not tag.startswith("async/") and not any(p.match(t) for t in written))
+    unwritten = sorted(tag for tag, p in rows.items()  # turns/*: multi-turn runs, tests/learner/test_turn_metrics.py
+                       if not tag.startswith(("async/", "turns/")) and not any(p.match(t) for t in written))
     assert not unwritten, f"docs/metrics.md rows no run wrote: {unwritten}"
 
 

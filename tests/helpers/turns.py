@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+import torch
+
 from arlopti.rollout.engine import Completion, RolloutEngine
 from arlopti.rollout.seeds import sample_seed
 from arlopti.tasks.env import TextEnv
@@ -44,13 +46,14 @@ class ScriptedEngine(RolloutEngine):
         self.tokenizer, self.say = tokenizer, say
         self.calls: list[tuple[list[list[int]], int, object, list]] = []
 
-    def generate(self, prompt_ids, n, sampling):
+    def generate(self, prompt_ids, n, sampling, first: int = 0):
+        """``first``: the index of ``prompt_ids[0]`` in the call (a rollout worker's share starts there)."""
         tok = self.tokenizer
         out = []
         for i, p in enumerate(prompt_ids):
             row = []
             for j in range(n):
-                seed = sample_seed(sampling.seed or 0, i, j)
+                seed = sample_seed(sampling.seed or 0, first + i, j)
                 text, stop = self.say(tok, list(p), seed)
                 ids = char_ids(tok, text) + ([] if stop else [tok.eos_token_id])
                 reason = "stop"
@@ -118,3 +121,14 @@ class IncrementEnv:
         """
         self.counter += step
         return self.counter
+
+
+def eos_prone(model, tok, logit: float = 2.5, text: str | None = None) -> None:
+    """Point a random tiny model's EOS output row along its mean final hidden state on ``text`` (default: a chat
+    prompt), so that it ends a turn within a few tokens (a random model otherwise runs every turn to its limit)."""
+    text = text or tok.apply_chat_template([{"role": "user", "content": "Count 1"}], tokenize=False,
+                                           add_generation_prompt=True)
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        h = model.model(ids).last_hidden_state[0].mean(0)
+        model.lm_head.weight[tok.eos_token_id] = h / h.norm() ** 2 * logit

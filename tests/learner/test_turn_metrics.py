@@ -56,3 +56,23 @@ def test_a_single_turn_step_adds_no_turn_tag():
     m = MetricSet()
     add_turn_metrics(m, exp, torch.zeros(1, 2), torch.zeros(1, 2), eta=0.5)
     assert exp.turn_index is None and m.as_dict() == {}
+
+
+def test_every_turn_tag_is_a_row_of_the_metrics_docs_and_every_row_is_written():
+    import re
+
+    from conftest import REPO_ROOT
+
+    doc = (REPO_ROOT / "docs" / "metrics.md").read_text()
+    rows = [m.group(1) for m in re.finditer(r"^\| `(turns/[^`]+)` \|", doc, re.M)]
+    patterns = [re.compile(re.sub(r"<[a-z]+>", "[^/]+", re.escape(r).replace(r"\<", "<").replace(r"\>", ">")) + "$")
+                for r in rows]
+    a = [1] * 3 + [0] * 2 + [1] * 10 + [0] + [1] * 2
+    exp = build_experience([[1, 2], [1, 2]], [[episode(a, 3), episode([1] * 4, 1)]],
+                           [RewardResult(1.0, True), RewardResult(0.0, False)], pad_id=0)
+    m = MetricSet()
+    add_turn_metrics(m, exp, torch.full(exp.response_mask.shape, -0.3), exp.response_mask.clone(), eta=0.5)
+    tags = [t for t in m.as_dict() if t.startswith("turns/")]
+    assert [t for t in tags if not any(p.match(t) for p in patterns)] == []
+    assert [r for r, p in zip(rows, patterns) if not any(p.match(t) for t in tags)] == []
+    assert "timing/env_s" in m.as_dict() and "`env_s`" in doc

@@ -155,8 +155,9 @@ def test_a_tool_that_raises_returns_too_much_or_hangs_gives_an_error_reply_and_i
     text = tok.decode(e.token_ids, skip_special_tokens=False)
     assert "error: ValueError: the tool broke" in text
     assert "error: the reply was too long (100000 characters; the limit is 64 tokens)" in text
-    assert e.meta["turns"] == 3 and e.meta["tool_errors"] == 2 and e.meta["tool_timeouts"] == 1
-    assert e.finish_reason == "stop"  # the hung call ended the episode; the run goes on
+    assert "error: the call did not return within 0.3 s" in text
+    assert e.meta["turns"] == 4 and e.meta["tool_errors"] == 2 and e.meta["tool_timeouts"] == 1
+    assert e.finish_reason == "stop" and e.meta["tool_calls"] == 3  # after the hang the env is not called again
     assert loop.calls.recent[-1] == (3, 3)  # 3 steps, each failed (the second: its reply was refused)
 
 
@@ -210,6 +211,8 @@ def test_the_group_starts_from_one_state(tiny_tokenizer):
 def test_bad_settings_are_refused(tiny_tokenizer):
     with pytest.raises(ConfigError, match=r"rollout.max_turns=3: more than one turn needs an environment"):
         build_turn_loop(RolloutConfig(max_turns=3), EnvConfig(), tiny_tokenizer)
+    with pytest.raises(ConfigError, match=r"rollout.max_episode_tokens=99 limits a multi-turn episode"):
+        build_turn_loop(RolloutConfig(max_episode_tokens=99), EnvConfig(), tiny_tokenizer)
     with pytest.raises(EnvError, match="prompt p/0 is raw text"):
         class First(TextEnv):
             def reset(self, row):
@@ -228,3 +231,28 @@ def test_bad_settings_are_refused(tiny_tokenizer):
                 return "just text"
 
         run(tiny_tokenizer, Bad)
+
+
+def test_validation_runs_the_episodes_too(tiny_tokenizer):
+    """evaluate_sets with the run's turn loop (callbacks.benchmark_eval passes it): the task scores the final
+    turn, and the environment's reward is added."""
+    from arlopti.eval.runner import EvalMode, evaluate_sets
+    from arlopti.prompts.records import tokenize_records
+    from arlopti.tasks.base import RewardResult, Task
+
+    class Done(Task):
+        def score(self, responses, ground_truths, metas):
+            return [RewardResult(float(r == "done"), r == "done") for r in responses]
+
+    tok = tiny_tokenizer
+    recs = [PromptRecord(uid=f"v/{i}", ground_truth=None, task="toy", messages=[{"role": "user", "content": "go"}])
+            for i in range(3)]
+    samples = tokenize_records(recs, tok, 512, "val")[0]
+    loop = build_turn_loop(RolloutConfig(max_turns=4, max_new_tokens=16), EnvConfig(env=register_env(CountEnv)), tok)
+    engine = ScriptedEngine(tok, counting)
+    modes = {"toy": (EvalMode("sampling", temperature=1.0, n=2),)}
+    metrics, _ = evaluate_sets(engine, {"val": samples}, modes, lambda name: Done(), 16, seed=1, turns=loop)
+    assert metrics["val/toy/val/sampling/avg@2"] == 1.0  # every final turn says done
+    assert metrics["val/toy/val/sampling/reward"] == 1.0 + 1.5  # the task's 1 plus the environment's 0.25 + 0.25 + 1
+    plain, _ = evaluate_sets(ScriptedEngine(tok, counting), {"val": samples}, modes, lambda name: Done(), 16, seed=1)
+    assert plain["val/toy/val/sampling/avg@2"] == 0.0  # one response: the first turn, t0<letter>

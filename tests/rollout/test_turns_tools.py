@@ -3,7 +3,6 @@ from the model's <tool_call> blocks, its get_reward() the episode's environment 
 
 from __future__ import annotations
 
-import copy
 import json
 import random
 import re

@@ -110,3 +110,13 @@ def test_train_yaml_holds_the_schema_defaults_of_the_task_node():
     assert cfg.tasks.custom is None  # without task=custom the node is only the environment's
     custom = compose(["task=custom", "task.reward_fn=r.py:f", "task.env=e.py:E"])
     assert custom.task.env == "e.py:E" and "env" not in custom.tasks.custom and custom.tasks.custom.reward_fn == "r.py:f"
+
+
+def test_arlopti_run_hands_a_class_over_as_task_env():
+    from arlopti.entry.api import build_overrides
+
+    (override,) = build_overrides([], env=CountEnv)
+    spec = override.split("=", 1)[1].strip("'")
+    assert override.startswith("task.env='callable:") and load_env(spec).factory is CountEnv
+    assert build_overrides(["rollout.max_turns=3"], env="my_env.py:Guess") == ["rollout.max_turns=3",
+                                                                              "task.env='my_env.py:Guess'"]

@@ -90,7 +90,8 @@ class BenchmarkEvalCallback(L.Callback):
                 return trainer.strategy.reduce(t.to(pl_module.device), reduce_op="sum")
         metrics, results = evaluate_sets(engine, sets, self.modes, self._task, self.max_new_tokens, seed=self.seed,
                                          limit=self.limit, rank=trainer.global_rank, world=world,
-                                         reduce_sum=reduce_sum, keep_samples=self.log_samples)
+                                         reduce_sum=reduce_sum, keep_samples=self.log_samples,
+                                         turns=getattr(pl_module, "rollout_turns", None))  # task.env: episodes
         engine.sleep()
         for k, v in metrics.items():
             trainer.callback_metrics[k] = torch.tensor(v)

@@ -152,6 +152,9 @@ class RolloutCallback(L.Callback):
             # HF under data parallelism: every rank makes every turn's generate call (FSDP2 gathers in it)
             lockstep = r.placement != "server" and r.backend == "hf" and trainer.world_size > 1
             self.source.turns = build_turn_loop(r, self.env, pl_module.tokenizer, lockstep=lockstep)
+            # validation's episodes (callbacks.benchmark_eval): a loop of their own, on this process's engine
+            pl_module.rollout_turns = build_turn_loop(r, self.env, pl_module.tokenizer,
+                                                      lockstep=r.backend == "hf" and trainer.world_size > 1)
 
     def on_train_start(self, trainer, pl_module) -> None:
         k = pl_module.cfg.rollout.async_.max_staleness

@@ -504,7 +504,8 @@ class EnvConfig:
     env: str | None = setting(None, "the environment: path/to/file.py:Class or module:Class (a class given to "
                                     "arlopti.run(env=...) is kept as callable:<key>); null = single-turn")
     env_timeout_s: float = setting(30.0, "seconds one environment call (reset, step, a tool, get_reward) may take; "
-                                         "a step or tool past it ends its episode, counted as a timeout",
+                                         "a step or tool past it gets an error reply and the model's next turn is the "
+                                         "episode's last (counted as a timeout)",
                                    range="(0, inf)")
     tool_format: str = setting("hermes", "how the model writes a tool call (TRL-contract environments)",
                                choices=_choices_from("arlopti.tasks.env.tools", "TOOL_FORMATS"))

@@ -23,6 +23,10 @@ With ``keep_items=True`` every response is also kept as one record in ``SetResul
 ``components`` (the reward's named parts; for ``task=custom`` every extra key the reward returned).
 ``eval.py`` writes them (``eval_results.json`` and ``eval_items.jsonl.gz``) so that two evaluations
 can be compared item by item (:mod:`arlopti.eval.compare`). The records are this rank's only.
+
+With ``turns`` (a :class:`~arlopti.rollout.turns.TurnLoop`: validation of a run with ``task.env``) each
+response is a multi-turn episode (:func:`arlopti.rollout.source.collect_groups`): the task scores its
+final turn and the environment's reward is added, as in training.
 """
 
 from __future__ import annotations
@@ -122,9 +126,14 @@ def metrics_of(res: SetResult) -> dict[str, float]:
 def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], modes: dict[str, tuple[EvalMode, ...]],
                   task_for: Callable[[str], Task], max_new_tokens: int, seed: int = 0, limit: int | None = None,
                   rank: int = 0, world: int = 1, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                  keep_samples: int = 0, keep_items: bool = False) -> tuple[dict[str, float], list[SetResult]]:
+                  keep_samples: int = 0, keep_items: bool = False, turns=None) -> tuple[dict[str, float], list[SetResult]]:
     """Generate and score every set under every mode of its task; return (metrics, per-set results).
-    ``keep_items``: also keep every response's record (:func:`item_records`) in ``SetResult.items``."""
+    ``keep_items``: also keep every response's record (:func:`item_records`) in ``SetResult.items``;
+    ``turns``: multi-turn episodes (module docstring)."""
+    from arlopti.prompts.batch import collate_prompts
+    from arlopti.rollout.source import collect_groups
+    from arlopti.rollout.turns import with_env_rewards
+
     metrics: dict[str, float] = {}
     results: list[SetResult] = []
     per_task_mode: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -144,11 +153,13 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
             sampling = SamplingConfig(temperature=mode.temperature, top_p=mode.top_p, top_k=mode.top_k,
                                       max_new_tokens=max_new_tokens, seed=seed)
             # every rank calls generate, even with no prompts: FSDP2 ranks must join the unshard
-            comps = engine.generate([s.prompt_ids for s in mine], mode.n, sampling)
+            comps = collect_groups(engine.generate, [s.prompt_ids for s in mine], mode.n, sampling, turns=turns,
+                                   batch=collate_prompts(mine))  # one generate call unless multi-turn
             texts = [c.text for cs in comps for c in cs]
             gts = [s.ground_truth for s, cs in zip(mine, comps) for _ in cs]
             metas = [s.meta for s, cs in zip(mine, comps) for _ in cs]
             scored = task_for(task_name).score(texts, gts, metas) if texts else []
+            scored = with_env_rewards(scored, [c for cs in comps for c in cs])
             correct = torch.tensor([float(r.correct) for r in scored], dtype=torch.float64).view(len(mine), mode.n)
             has_fmt = bool(scored) and "format_ok" in scored[0].components
             stats = torch.tensor([

@@ -18,7 +18,8 @@ One round (:meth:`TurnLoop.run`), for a step's prompts and ``G`` episodes each:
 3. **after each model turn**, per episode: a turn cut at its token limit ends the episode
    (truncated); else the environment answers (the text contract's ``step``; TRL's: the turn's tool
    calls, each run, a turn with none ends the episode). ``done``, no reply, or the last of
-   ``rollout.max_turns`` turns ends it; else the reply is encoded
+   ``rollout.max_turns`` turns ends it; a call that raised or timed out gives an error reply (after a
+   timeout the environment is not called again: the next turn is final); else the reply is encoded
    (:meth:`~arlopti.rollout.chat_encoding.ChatEncoding.reply_ids`) and appended with trainable 0 and
    log-prob 0.0. A reply over ``rollout.max_reply_tokens`` tokens is replaced by an error reply; one
    that would leave no room for a token of the next turn within ``rollout.max_episode_tokens`` is
@@ -129,6 +130,7 @@ class _Running:
     reward: float = 0.0
     episode_limit: bool = False
     turn_limit: bool = False
+    hung: bool = False  # a call timed out: its thread may still run, the environment is not called again
     seconds: float = 0.0
 
     @property
@@ -214,7 +216,7 @@ class TurnLoop:
                 raise EnvError(f"the environment {self.spec.name}: building an instance failed "
                                f"({type(err).__name__}: {err})") from None
             group.append(_Running(i, j, env, [], tools={} if self.spec.text else tool_methods(env)))
-            reset = (lambda env=env: env.reset(p.row)) if self.spec.text else (lambda env=env: env.reset(**p.row))
+            reset = (lambda env=env: env.reset(dict(p.row))) if self.spec.text else (lambda env=env: env.reset(**p.row))
             r = self.calls.call(reset, seed=env_seed(base, "reset", i), counted=False)
             group[-1].seconds += r.seconds
             if not r.ok:
@@ -226,8 +228,9 @@ class TurnLoop:
                                f"None, and returned a {type(r.value).__name__} on prompt {p.uid}")
             firsts.append(r.value)
         if len(set(firsts)) > 1:
+            other = next(f for f in firsts if f != firsts[0])
             raise EnvError(f"the environment {self.spec.name}: the {group_size} resets of prompt {p.uid} returned "
-                           f"different first messages ({firsts[0]!r:.80} vs {next(f for f in firsts if f != firsts[0])!r:.80}); "
+                           f"different first messages ({firsts[0]!r:.80} vs {other!r:.80}); "
                            "a group's episodes must start from the same state (its advantage baseline compares them): "
                            "derive the state from the row, or draw it from Python's random, which is seeded the same "
                            "for the group")
@@ -266,7 +269,11 @@ class TurnLoop:
             e.end("length")
 
     def _respond(self, e: _Running, turn: int, base: int) -> None:
-        """The environment's answer to ``e``'s last turn: end the episode, or append the encoded reply."""
+        """The environment's answer to ``e``'s last turn: end the episode, or append the encoded reply. After a
+        call that timed out the environment is not called again: the turn after its error reply is final."""
+        if e.hung:
+            e.end("stop")
+            return
         messages = self._step(e, turn, base) if self.spec.text else self._tools(e, turn, base)
         if messages is None:
             return
@@ -293,11 +300,8 @@ class TurnLoop:
     def _step(self, e: _Running, turn: int, base: int) -> list[dict] | None:
         """The text contract's step: the reply as a user message, or None when the episode ends."""
         r = self._call(e, lambda: e.env.step(e.text), env_seed(base, "step", e.prompt, e.sample, turn))
-        if r.timeout:
-            e.end("stop")
-            return None
-        if r.error is not None:
-            return [{"role": "user", "content": f"error: {r.error}"}]
+        if not r.ok:
+            return [{"role": "user", "content": self._failure(e, r)}]
         reply, done, reward = self._step_value(r.value)
         e.reward += reward
         if done or reply is None:
@@ -317,8 +321,8 @@ class TurnLoop:
         return value[0], bool(value[1]), float(reward or 0.0)
 
     def _tools(self, e: _Running, turn: int, base: int) -> list[dict] | None:
-        """TRL's contract: the turn's tool calls run in order, their results as tool messages (None:
-        no call, the episode ends; a call past the timeout ends it too)."""
+        """TRL's contract: the turn's tool calls run in order, their results as tool messages (None: no
+        call, the episode ends; after a call past the timeout the later calls are not run)."""
         calls = parse_tool_calls(e.text, self.tool_format)
         if not calls:
             e.end("stop")
@@ -327,12 +331,18 @@ class TurnLoop:
         for k, call in enumerate(calls):
             r = self._call(e, lambda call=call: call_tool(e.tools, call),
                            env_seed(base, f"tool{k}", e.prompt, e.sample, turn))
-            if r.timeout:
-                e.end("stop")
-                return None
             out.append({"role": "tool", "name": call.name or "unknown",
-                        "content": r.value if r.ok else f"error: {r.error}"})
+                        "content": r.value if r.ok else self._failure(e, r)})
+            if r.timeout:
+                break
         return out
+
+    def _failure(self, e: _Running, r: CallResult) -> str:
+        """The error reply of a call that raised or timed out (a timed-out environment is not called again)."""
+        if r.timeout:
+            e.hung = True
+            return f"error: the call did not return within {self.calls.timeout_s:g} s"
+        return f"error: {r.error}"
 
     def _reply_ids(self, e: _Running, messages: list[dict]) -> list[int]:
         """``messages`` encoded after ``e``'s last turn; a reply over ``max_reply_tokens`` becomes an
@@ -356,7 +366,7 @@ class TurnLoop:
 
     # ------------------------------------------------------------------ the result
     def _episode(self, e: _Running, prompt_ids: list[int], original: list[int], version, base: int) -> Episode:
-        if not self.spec.text and callable(getattr(e.env, "get_reward", None)):
+        if not self.spec.text and not e.hung and callable(getattr(e.env, "get_reward", None)):
             r = self._call(e, e.env.get_reward, env_seed(base, "reward", e.prompt, e.sample), counted=False)
             if not r.ok:  # scores 0 and counts as a failed call (not as a tool call)
                 self.calls.count(r)
@@ -405,6 +415,10 @@ def build_turn_loop(rollout_cfg, env_cfg, tokenizer, lockstep: bool = False) -> 
             raise ConfigError(f"rollout.max_turns={rollout_cfg.max_turns}: more than one turn needs an environment "
                               "to reply between them; set task.env=path/to/file.py:Class (docs/multi_turn.md) or "
                               "rollout.max_turns=1")
+        if rollout_cfg.max_episode_tokens is not None:
+            raise ConfigError(f"rollout.max_episode_tokens={rollout_cfg.max_episode_tokens} limits a multi-turn "
+                              "episode, and this run has no environment (task.env): it would be ignored; drop it "
+                              "(rollout.max_new_tokens limits a single response)")
         return None
     loaded = load_env(spec)
     calls = EnvCalls(loaded.name, env_cfg.env_timeout_s, env_cfg.max_error_frac, env_cfg.error_window)

@@ -37,7 +37,8 @@ depend on which engine it runs with. The steps:
 * dtype: ``rollout.dtype`` or, when null, the policy's parameter dtype.
 * ``max_model_len``: ``rollout.max_model_len`` or, when null,
   ``min(max_position_embeddings, max_new_tokens + PROMPT_BUDGET)`` (a multi-turn run: the episode's
-  limit, ``rollout.max_episode_tokens`` or ``max_turns x max_new_tokens``, for ``max_new_tokens``) with ``PROMPT_BUDGET = 4096``
+  limit, ``rollout.max_episode_tokens`` or ``max_turns x max_new_tokens``, plus ``max_new_tokens``: a later
+  turn's request asks for the largest budget of the running episodes) with ``PROMPT_BUDGET = 4096``
   prompt tokens (the engine is built before any prompt is seen; every data config here keeps
   prompts under 4096 tokens). A request that would not fit is refused with an error naming the key.
 * On CPU ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 GiB.
@@ -200,7 +201,8 @@ def engine_model_spec(hf_model, cfg: RolloutConfig) -> tuple[torch.dtype, int, i
     policy_dtype = next((p.dtype for p in hf_model.parameters() if p.is_floating_point()), torch.float32)
     dtype = resolve_dtype(cfg.dtype, policy_dtype)
     mpe = getattr(hf_model.config, "max_position_embeddings", None)
-    max_len = cfg.max_model_len or derive_max_model_len(mpe, cfg.episode_tokens)
+    after = cfg.max_new_tokens if cfg.max_turns == 1 else cfg.episode_tokens + cfg.max_new_tokens
+    max_len = cfg.max_model_len or derive_max_model_len(mpe, after)
     if mpe and max_len > mpe:
         raise ValueError(f"rollout.max_model_len={max_len} exceeds the model's max_position_embeddings={mpe}")
     return dtype, max_len, model_head_dim(hf_model.config)

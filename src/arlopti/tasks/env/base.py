@@ -60,9 +60,11 @@ every later model turn (e.g. K&K's ``"<think>"``); it is environment text (not t
 
 **Failures** (counted, never fatal unless too many): a ``step`` or a tool that raises gives the reply
 ``"error: <Exception>: <message>"`` and the episode goes on; one past ``task.env_timeout_s`` seconds
-ends its episode (its thread cannot be killed: it is abandoned, so put code that may hang in a
-subprocess, as the built-in Python tool does); a reply over ``rollout.max_reply_tokens`` tokens is
-replaced by an error reply. More than ``task.max_error_frac`` of the calls of the last
+gives the reply ``"error: the call did not return within <t> s"``, and as its thread cannot be killed
+(it is abandoned: put code that may hang in a subprocess, as the built-in Python tool does) the
+environment is not called again: the model's next turn is the final answer, and ``get_reward`` is
+not called (the environment reward is what the steps gave); a reply over ``rollout.max_reply_tokens``
+tokens is replaced by an error reply. More than ``task.max_error_frac`` of the calls of the last
 ``task.error_window`` steps failing stops the run, naming the environment (as reward functions do).
 A ``reset`` that raises, times out or returns something other than a string or None stops the run.
 """

@@ -128,5 +128,5 @@ async def _awaited(awaitable):
     return await awaitable
 
 
-__all__ = ["TOOL_CALL_FORMATS", "TOOL_FORMATS", "ToolCall", "ToolCallError", "call_tool", "parse_hermes", "parse_tool_calls",
-           "tool_methods", "tool_schemas"]
+__all__ = ["TOOL_CALL_FORMATS", "TOOL_FORMATS", "ToolCall", "ToolCallError", "call_tool", "parse_hermes",
+           "parse_tool_calls", "tool_methods", "tool_schemas"]
