@@ -495,3 +495,50 @@ def test_the_rivals_settings_are_refused_where_they_cannot_apply():
     check(policy_loss="aspo", token_method=TokenMethodConfig(name="archer"))
     check(policy_loss="simko", dual_clip=None, ar_alpha=0.3)
     assert set(RIVALS) <= set(POLICY_LOSSES.names())
+
+
+@pytest.mark.parametrize("name,mode", [("dppo_tv", "tv"), ("dppo_kl", "kl")])
+def test_dppo_engine_anchor_is_stable_rls_default(name, mode):
+    """``loss_params.dppo_anchor=engine``: mask and detached ratio from the engine's log-probs (Stable-RL's
+    dppo_binary_*), not pi_old; with engine = pi_old it is the default anchor bit for bit."""
+    g = torch.Generator().manual_seed(2)
+    old = torch.log(torch.rand(5, 8, generator=g).clamp(1e-4, 1 - 1e-4))
+    engine = torch.minimum(old + 0.3 * torch.randn(5, 8, generator=g), torch.full_like(old, -1e-6))
+    logp = torch.minimum(old + 0.5 * torch.randn(5, 8, generator=g), torch.full_like(old, -1e-6))
+    adv = torch.randn(5, 8, generator=g)
+    mask = torch.ones(5, 8)
+    delta = (0.15, 0.15) if mode == "tv" else (0.05, 0.05)
+    loss_fn = POLICY_LOSSES.get(name)
+    engine_x = LossExtras(LossParamsConfig(dppo_anchor="engine"), behaviour_log_probs=engine)
+
+    def ours(lp, extras):
+        return _token_mean(loss_fn(lp, old, adv, mask, *delta, None, extras=extras)[0], mask)
+
+    def stable_rl(lp):  # -A * sg(rho vs the engine) * logpi * valid(engine anchor)
+        rho = torch.exp((lp - engine).clamp(-20, 20)).detach()
+        return _token_mean(-adv * rho * lp * stable_rl_mask(mode, engine, lp.detach(), adv, *delta), mask)
+
+    e_loss, e_grad = _grad(lambda lp: ours(lp, engine_x), logp)
+    s_loss, s_grad = _grad(stable_rl, logp)
+    torch.testing.assert_close(e_grad, s_grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(e_loss, s_loss, rtol=1e-6, atol=1e-6)
+    _, o_grad = _grad(lambda lp: ours(lp, None), logp)
+    assert not torch.allclose(e_grad, o_grad)  # the anchor matters here
+    same = LossExtras(LossParamsConfig(dppo_anchor="engine"), behaviour_log_probs=old)
+    _, same_grad = _grad(lambda lp: ours(lp, same), logp)
+    assert torch.equal(same_grad, o_grad)
+    with pytest.raises(ValueError, match="dppo_anchor=engine needs the engine's log-probs"):
+        ours(logp, LossExtras(LossParamsConfig(dppo_anchor="engine")))
+
+
+def test_the_engine_anchor_needs_a_dppo_loss_and_the_engine_logprobs():
+    from dataclasses import replace
+
+    from arlopti.config import AlgorithmConfig, RolloutConfig
+
+    algo = AlgorithmConfig(policy_loss="dppo_tv", loss_params=LossParamsConfig(dppo_anchor="engine"))
+    validate_run(RunConfig(algorithm=algo))
+    with pytest.raises(ConfigError, match="dppo_anchor=engine needs the engine's log-probs: set rollout.return_logprobs"):
+        validate_run(RunConfig(algorithm=algo, rollout=RolloutConfig(return_logprobs=False)))
+    with pytest.raises(ConfigError, match="dppo_anchor=engine is read by the dppo_\\* losses only"):
+        validate_run(RunConfig(algorithm=replace(algo, policy_loss="ppo_clip")))

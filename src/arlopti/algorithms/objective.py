@@ -62,12 +62,13 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                    phase_mask: Tensor, cfg: AlgorithmConfig, ref_log_probs: Tensor | None = None,
                    entropy: Tensor | None = None, scale: float | None = None, horizon: int | None = None,
                    normalize: str = "all", token_weight: Tensor | None = None,
-                   base_advantages: Tensor | None = None, dist: TokenStats | None = None
-                   ) -> tuple[Tensor, dict[str, float]]:
+                   base_advantages: Tensor | None = None, dist: TokenStats | None = None,
+                   behaviour_log_probs: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """Loss of one micro-batch for one phase (module docstring). Returns (loss, metrics).
 
     ``base_advantages`` (the estimator's, before AR): when given, the metrics also hold the
-    effective weight per bucket (:func:`effective_weights`)."""
+    effective weight per bucket (:func:`effective_weights`). ``behaviour_log_probs``: the rollout
+    engine's log-probs of the sampled tokens, for a loss anchored at them (DPPO's ``dppo_anchor=engine``)."""
     check_setting(LoptiConfig, "normalize", normalize, "algorithm.lopti")  # the schema's choices, not a copy
     phase_mask = phase_mask.to(log_probs.dtype)
     denom_mask = response_mask.to(log_probs.dtype) if normalize == "all" else phase_mask
@@ -84,7 +85,7 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                                 with_token_loss=True, name=cfg.policy_loss,
                                 token_weight=token_weight, ratio_mask=response_mask,
                                 extras=LossExtras(cfg.loss_params, entropy,
-                                                  None if dist is None else dist.top_log_probs))
+                                                  None if dist is None else dist.top_log_probs, behaviour_log_probs))
     if base_advantages is not None:
         metrics.update(effective_weights(adv, token_weight, base_advantages, old_log_probs, phase_mask))
     per_token = metrics["pg_loss"]

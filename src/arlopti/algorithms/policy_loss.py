@@ -70,12 +70,14 @@ from arlopti.config.schema import LossParamsConfig
 
 @dataclass(frozen=True)
 class LossExtras:
-    """What a loss may read beyond the ratio and the clip (module docstring): its settings, and the
-    current forward's per-token entropy ``[B, T]`` and top-K log-probs ``[B, T, K]`` (with gradient)."""
+    """What a loss may read beyond the ratio and the clip (module docstring): its settings, the current
+    forward's per-token entropy ``[B, T]`` and top-K log-probs ``[B, T, K]`` (with gradient), and the
+    rollout engine's log-probs of the sampled tokens ``[B, T]`` (DPPO's engine anchor)."""
 
     params: LossParamsConfig = field(default_factory=LossParamsConfig)
     entropy: Tensor | None = None
     top_log_probs: Tensor | None = None
+    behaviour_log_probs: Tensor | None = None
 
 
 def _token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:

@@ -71,11 +71,26 @@ def dppo_tv_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, r
     trainer's recomputed π_old. Here both are anchored at π_old (the trainer's recomputation at the
     rollout temperature, the loss's ``old_log_probs``), verl's as written. With the colocated HF engine in
     fp32 π_old equals the engine's log-probs to rounding, so the anchors agree; under a numerically
-    different engine (vLLM, bf16) they differ by the rollout/trainer mismatch. An engine anchor is not
-    built here (the loss does not see the engine's log-probs)."""
-    p, p_old = torch.exp(log_probs.detach()), torch.exp(old_log_probs.detach())
+    different engine (vLLM, bf16) they differ by the rollout/trainer mismatch. ``loss_params.dppo_anchor``
+    switches: ``old`` (default, verl's as written) or ``engine`` (Stable-RL's default, and verl under
+    ``bypass_mode``): both the mask and the detached ratio are then measured from the engine's
+    log-probs (:func:`dppo_anchor`)."""
+    anchor = dppo_anchor(old_log_probs, extras)
+    p, p_old = torch.exp(log_probs.detach()), torch.exp(anchor.detach())
     valid = torch.where(advantages > 0, p - p_old <= clip_high, p - p_old >= -clip_low)
-    return _dppo(log_probs, old_log_probs, advantages, valid, dual_clip)
+    return _dppo(log_probs, anchor, advantages, valid, dual_clip)
+
+
+def dppo_anchor(old_log_probs: Tensor, extras: LossExtras | None) -> Tensor:
+    """The log-probs DPPO measures from: π_old, or with ``loss_params.dppo_anchor=engine`` the engine's
+    (:attr:`LossExtras.behaviour_log_probs`; an error when the learner passed none)."""
+    ex = extras or LossExtras()
+    if ex.params.dppo_anchor != "engine":
+        return old_log_probs
+    if ex.behaviour_log_probs is None:
+        raise ValueError("algorithm.loss_params.dppo_anchor=engine needs the engine's log-probs "
+                         "(rollout.return_logprobs=true)")
+    return ex.behaviour_log_probs
 
 
 def binary_kl(old_log_probs: Tensor, log_probs: Tensor) -> Tensor:
@@ -98,12 +113,13 @@ def dppo_kl_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, r
         valid_t = (KL_t ≤ δ_high) ∨ (p ≤ p_old)  if A_t > 0,   (KL_t ≤ δ_low) ∨ (p ≥ p_old)  otherwise
         l_t     = −A_t · sg[min(ρ_t, c)] · logπ_θ,t · valid_t
 
-    verl's script: δ 0.05 both. The anchor: as :func:`dppo_tv_loss` (π_old)."""
-    lp, old = log_probs.detach(), old_log_probs.detach()
+    verl's script: δ 0.05 both. The anchor: as :func:`dppo_tv_loss` (``loss_params.dppo_anchor``)."""
+    anchor = dppo_anchor(old_log_probs, extras)
+    lp, old = log_probs.detach(), anchor.detach()
     kl = binary_kl(old, lp)
     p, p_old = torch.exp(lp), torch.exp(old)
     valid = torch.where(advantages > 0, (kl <= clip_high) | (p <= p_old), (kl <= clip_low) | (p >= p_old))
-    return _dppo(log_probs, old_log_probs, advantages, valid, dual_clip)
+    return _dppo(log_probs, anchor, advantages, valid, dual_clip)
 
 
 @POLICY_LOSSES.register("sapo")

@@ -177,6 +177,7 @@ def validate_run(cfg: RunConfig, world_size: int = 1) -> None:
     _validate_lora_sync(cfg)
     _validate_server(cfg, world_size)
     _validate_algorithm(cfg.algorithm, r)
+    check_dppo_anchor(cfg.algorithm.policy_loss, cfg.algorithm.loss_params.dppo_anchor, r.return_logprobs)
 
 
 def _validate_lora_sync(cfg: RunConfig) -> None:
@@ -275,6 +276,18 @@ def _validate_token_method(a: AlgorithmConfig) -> None:
     tm = a.token_method
 #: Losses that do not read clip_low / clip_high as PPO clip bounds (DPPO: divergence thresholds; SAPO: no clip).
 _NO_CLIP_BOUNDS = ("dppo_tv", "dppo_kl", "sapo", "gspo")
+
+
+def check_dppo_anchor(policy_loss: str, anchor: str, return_logprobs: bool) -> None:
+    """``algorithm.loss_params.dppo_anchor=engine`` measures DPPO's trust region from the engine's log-probs:
+    it needs them (``rollout.return_logprobs``), and it is read by ``dppo_*`` only."""
+    if anchor != "engine":
+        return
+    _require(policy_loss in ("dppo_tv", "dppo_kl"),
+             f"algorithm.loss_params.dppo_anchor=engine is read by the dppo_* losses only, and algorithm.policy_loss="
+             f"{policy_loss}; drop it or use algorithm.policy_loss=dppo_tv / dppo_kl")
+    _require(return_logprobs, "algorithm.loss_params.dppo_anchor=engine needs the engine's log-probs: set "
+             "rollout.return_logprobs=true, or dppo_anchor=old")
     key = f"algorithm.token_method.name={tm.name}"
     if tm.name == "top_entropy":
         _require(not a.lopti.enabled, f"{key} cannot combine with algorithm.lopti.enabled=true: both decide which "

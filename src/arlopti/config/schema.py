@@ -198,6 +198,12 @@ class LossParamsConfig:
     (dppo_*: the divergence thresholds) and algorithm.dual_clip (dppo_*: the truncation of the detached
     ratio; aspo: the soft dual clip). `experiment=kk_<loss>` sets each loss's published values."""
 
+    dppo_anchor: str = setting(
+        "old", "dppo_tv / dppo_kl: the probability the trust region (the divergence mask) and the detached ratio are "
+               "measured from", choices={"old": "pi_old, the trainer's recomputation (verl's loss as written)",
+                                         "engine": "the rollout engine's log-probs (Stable-RL's default "
+                                                   "dppo_binary_*; verl with bypass_mode); needs "
+                                                   "rollout.return_logprobs"})
     sapo_tau_pos: float = setting(1.0, "sapo: temperature of the gate sigmoid(tau (r - 1)) * 4 / tau on A > 0 tokens "
                                        "(verl, TRL: 1)", range="(0, inf)")
     sapo_tau_neg: float = setting(1.05, "sapo: the gate's temperature on A <= 0 tokens (verl, TRL: 1.05)",

@@ -341,7 +341,7 @@ class GRPOModule(L.LightningModule):
                                      ref_log_probs=None if t.ref is None else t.ref[idx, :r], entropy=ent, scale=scale,
                                      horizon=self.cfg.rollout.max_new_tokens, normalize=a.lopti.normalize,
                                      token_weight=self._correction(old, sub), base_advantages=t.adv_raw[idx, :r],
-                                     dist=dist)
+                                     dist=dist, behaviour_log_probs=sub.engine_logprobs)
             if scale is None:
                 loss = loss / len(micros)
             self.manual_backward(loss)
