@@ -1,4 +1,7 @@
-"""Evaluate: ``python eval.py model=<name or path> eval=math_suite`` or ``ckpt_path=<ckpt> eval=kk_suite``."""
+"""Evaluate: ``python eval.py model=<name or path> eval=math_suite`` or ``ckpt_path=<ckpt> eval=kk_suite``.
+
+A failure prints one line and exits 1 (:mod:`arlopti.entry.failures`; the traceback with ``HYDRA_FULL_ERROR=1``).
+"""
 
 import sys
 from pathlib import Path
@@ -7,11 +10,13 @@ import hydra
 from omegaconf import DictConfig
 
 from arlopti.config.compose import prepare
+from arlopti.entry.failures import cli_task
 
 CONFIG_DIR = prepare(Path(__file__).resolve().parent / "configs", "eval.yaml")  # sets PROJECT_ROOT
 
 
 @hydra.main(version_base="1.3", config_path=str(CONFIG_DIR), config_name="eval.yaml")
+@cli_task
 def main(cfg: DictConfig) -> None:
     from arlopti.entry.evaluate import evaluate
 

@@ -1,63 +1,17 @@
-"""Failures that were loud but unclear (issue 24, §2), each through ``python train.py``'s own entry
-point: the exit status and the message naming the key, the folder or the tensor.
-
-``run_train_cli`` runs ``train.py`` as ``__main__`` inside this process (the command-line check,
-then Hydra's ``main``), so the interpreter's and torch's start-up are paid once for the file; the
-exit status is what the shell would see (Hydra exits 1 on an exception, the command-line check
-with its message). The mlflow start-up check is in tests/loggers/test_factories.py, Ctrl-C in
-tests/callbacks/test_checkpointing.py (in-process, where the resumed run can be compared bit for bit).
+"""Failures that were loud but unclear (issues 24, 33, 37), each through ``python train.py``'s own entry
+point (:func:`helpers.train_cli.run_train_cli`, in this process): the exit status and the message naming
+the key, the folder or the tensor, and nothing else on the console: no "Error executing job" report, no
+traceback (that is in ``train.log``, and on the console with ``HYDRA_FULL_ERROR=1``). The mlflow start-up
+check is in tests/loggers/test_factories.py, Ctrl-C in tests/callbacks/test_checkpointing.py (in-process,
+where the resumed run can be compared bit for bit) and tests/entry/test_api.py (``arlopti.run``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
-import os
-import runpy
-import sys
-from pathlib import Path
-
 import pytest
 import torch
-from hydra.core.global_hydra import GlobalHydra
 
-REPO = Path(__file__).resolve().parents[1]
-SMOKE = ("debug=smoke", "data=kk_generated", "data.train_count_per_n=4", "data.val_count_per_n=1",
-         "~callbacks.benchmark_eval", "~callbacks.rich_progress_bar", "logger=none")
-
-
-def run_train_cli(tmp_path: Path, *overrides: str) -> tuple[int, str]:
-    """``python train.py debug=smoke ... *overrides`` in this process: (exit status, stderr)."""
-    argv = ["train.py", *SMOKE, f"paths.log_dir={tmp_path}/logs", f"hydra.run.dir={tmp_path}/run", *overrides]
-    err = io.StringIO()
-    saved_argv, saved_env = sys.argv, dict(os.environ)
-    root = logging.getLogger()  # Hydra configures logging for the job: undo it afterwards
-    saved_handlers, saved_level = root.handlers[:], root.level
-    sys.argv = argv
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    GlobalHydra.instance().clear()
-    try:
-        with contextlib.redirect_stderr(err):
-            runpy.run_path(str(REPO / "train.py"), run_name="__main__")
-        code = 0
-    except SystemExit as exit_:
-        if isinstance(exit_.code, str):  # sys.exit("message"): status 1, the message on stderr
-            err.write(exit_.code)
-            code = 1
-        else:
-            code = int(exit_.code or 0)
-    finally:
-        sys.argv = saved_argv
-        os.environ.clear()
-        os.environ.update(saved_env)
-        GlobalHydra.instance().clear()
-        for h in root.handlers:
-            if h not in saved_handlers:
-                h.close()
-        root.handlers[:] = saved_handlers
-        root.setLevel(saved_level)
-    return code, err.getvalue()
+from helpers.train_cli import run_train_cli
 
 
 @pytest.mark.parametrize("lr", ["1e38", "1e300", "nan", "inf"])
@@ -67,6 +21,63 @@ def test_a_learning_rate_that_is_not_a_finite_float32_is_refused_naming_the_key(
     shown = lr if lr in ("nan", "inf") else repr(float(lr))
     assert f"optim.lr={shown}" in err and ("finite float" in err or "is too large" in err), err[-2000:]
     assert "value cannot be converted" not in err  # torch's overflow, deep in AdamW, is not what the user sees
+    assert one_line(err).startswith("ConfigError: optim.lr=")
+
+
+def one_line(err: str) -> str:
+    """The console's report of a failure: exactly one line, no Hydra report, no traceback."""
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1, err[-3000:]
+    assert "Error executing job" not in err and "Traceback" not in err and "HYDRA_FULL_ERROR" not in err
+    return lines[0]
+
+
+def test_the_traceback_is_in_train_log_and_on_the_console_with_hydra_full_error(tmp_path, monkeypatch):
+    code, err = run_train_cli(tmp_path / "a", "optim.lr=1e38")
+    assert code == 1 and one_line(err).startswith("ConfigError: optim.lr=1e+38 is too large")
+    log = (tmp_path / "a" / "run" / "train.log").read_text()
+    assert "Traceback (most recent call last)" in log and "ConfigError: optim.lr=1e+38 is too large" in log
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")  # Hydra's own report, the whole traceback
+    code, err = run_train_cli(tmp_path / "b", "optim.lr=1e38")
+    assert code == 1 and "Traceback (most recent call last)" in err and "validate_once" in err
+
+
+def test_lora_modules_to_save_vllm_cannot_serve_as_an_adapter_are_refused_at_start_up(tmp_path):
+    """vLLM would refuse it in its peft_helper at the first sync; here before any model loads."""
+    code, err = run_train_cli(tmp_path, "rollout=vllm", "rollout.lora_sync=adapter", "model.lora.r=4",
+                              "model.lora.modules_to_save=[norm]")
+    assert code == 1
+    line = one_line(err)
+    assert line.startswith("ConfigError: model.lora.modules_to_save=['norm'] with rollout.lora_sync=adapter")
+    assert "rollout.lora_sync=merged" in line and "model.lora.modules_to_save=[]" in line
+    assert "LoRA r=4" not in (tmp_path / "run" / "train.log").read_text()  # no model was wrapped
+
+
+def test_an_incompatible_checkpoint_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """The checkpoint's run config differs (optim.lr): refused naming the key, and the tokenizer, the
+    policy and the reference are never loaded (they would raise here)."""
+    from dataclasses import asdict
+
+    import arlopti.learner.module
+    import arlopti.models.loading
+    from arlopti.entry.train import run_config
+    from helpers.compose import compose_train
+    from helpers.train_cli import SMOKE
+
+    saved = asdict(run_config(compose_train(list(SMOKE) + ["optim.lr=0.5"], tmp_path)))
+    ckpt = tmp_path / "other.ckpt"
+    torch.save({"hyper_parameters": {"run": saved}, "state_dict": {}}, ckpt)
+
+    def loaded(*a, **k):
+        raise AssertionError("a model or tokenizer was loaded before the checkpoint was checked")
+
+    monkeypatch.setattr(arlopti.models.loading, "load_tokenizer", loaded)
+    monkeypatch.setattr(arlopti.learner.module, "GRPOModule", loaded)
+    code, err = run_train_cli(tmp_path, f"ckpt_path={ckpt}")
+    assert code == 1
+    assert f"ConfigError: checkpoint {ckpt} was saved with a different config:" in err
+    assert "optim.lr: checkpoint 0.5, this run 1e-06" in err, err[-2000:]
+    assert "Error executing job" not in err and "Traceback" not in err
 
 
 def test_ckpt_path_to_a_folder_without_checkpoints_says_what_was_looked_for(tmp_path):

@@ -177,9 +177,10 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     model.save_pretrained(out)
     tok.save_pretrained(out)
     meta = load_checkpoint_metadata(path)
+    model_cfg = (meta.get("hyper_parameters") or {}).get("run", {}).get("model", {})
+    # model_config: what rebuilds the base of an adapter export (arlopti.models.loading.load_adapter_model)
     info = {"checkpoint": str(path.resolve()), "rollout_step": (meta.get("arlopti") or {}).get("rollout_step"),
-            "global_step": meta.get("global_step"),
-            "model": (meta.get("hyper_parameters") or {}).get("run", {}).get("model", {}).get("name_or_path")}
+            "global_step": meta.get("global_step"), "model": model_cfg.get("name_or_path"), "model_config": model_cfg}
     if (meta.get("arlopti") or {}).get("lora_base"):
         info.update(lora="merged" if merge else "adapter", lora_base=meta["arlopti"]["lora_base"])
     (out / "arlopti_export.json").write_text(json.dumps(info, indent=2))

@@ -28,6 +28,10 @@ The keywords only add overrides (every one is optional; ``docs/python_api.md``):
 * ``train_data``: a ``datasets.Dataset``, a list of dicts (written once to a JSON Lines file named
   by its content, under the system's temporary folder) or a path -> ``data=prompts
   data.train_file=...`` (``data=prompts`` only when no ``data=`` override is given).
+
+A failure raises the run's own exception with its own message (Hydra's "Error executing job"
+report is not printed); Ctrl-C saves the checkpoint and raises :class:`RunInterrupted`, a
+``KeyboardInterrupt``, so that a loop of runs stops (docs/python_api.md).
 """
 
 from __future__ import annotations
@@ -45,13 +49,27 @@ from typing import Any, Callable, Sequence
 class RunResult:
     """What :func:`run` returns: the run folder, the last step's metrics (the learner's scalars,
     e.g. ``reward/mean``), the final checkpoint (None when none was written), the run summary
-    (``summary.json``: start vs end, validation) and the last validation results."""
+    (``summary.json``: start vs end, validation), the last validation results, the value of
+    ``optimized_metric`` (None when it is not set) and, for a run a signal stopped early (SIGTERM,
+    SIGUSR1; checkpoint saved), the signal's name (None when the run ended by itself)."""
 
     run_dir: Path
     metrics: dict[str, float] = field(default_factory=dict)
     checkpoint: Path | None = None
     summary: dict = field(default_factory=dict)
     eval_results: dict = field(default_factory=dict)
+    objective: float | None = None
+    interrupted: str | None = None
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) stopped :func:`run`: the step in progress finished and the checkpoint was
+    saved, then this is raised so that a loop of runs stops too. ``result`` is the
+    :class:`RunResult` (``interrupted="SIGINT"``, ``checkpoint`` to resume from)."""
+
+    def __init__(self, message: str, result: RunResult):
+        super().__init__(message)
+        self.result = result
 
 
 def _quote(value: str) -> str:
@@ -59,14 +77,22 @@ def _quote(value: str) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _reward_overrides(reward_fn, reward_weights) -> list[str]:
+def _reward_overrides(reward_fn, reward_weights, chosen: set[str]) -> list[str]:
+    from arlopti.config import ConfigError
     from arlopti.tasks.in_process import register_callable
 
     if reward_fn is None:
-        if reward_weights is not None:
-            return [f"task.reward_weights=[{','.join(str(float(w)) for w in reward_weights)}]"]
-        return []
+        if reward_weights is None:
+            return []
+        if "task" not in chosen:  # the weights weigh task=custom's reward functions: there are none
+            raise ConfigError(f"reward_weights={list(reward_weights)} weighs the reward functions of task=custom, "
+                              f"and none is given: pass reward_fn=[...] (one function per weight), or "
+                              f"'task=custom' and 'task.reward_fns=[...]' in overrides")
+        return [f"task.reward_weights=[{','.join(str(float(w)) for w in reward_weights)}]"]
     fns = list(reward_fn) if isinstance(reward_fn, (list, tuple)) else [reward_fn]
+    if reward_weights is not None and len(list(reward_weights)) != len(fns):
+        raise ConfigError(f"reward_weights={list(reward_weights)} has {len(list(reward_weights))} weights for "
+                          f"{len(fns)} reward function(s) in reward_fn: give one weight per function")
     specs = [register_callable(f) if callable(f) else str(f) for f in fns]
     out = ["task=custom"]
     if len(specs) == 1 and reward_weights is None:
@@ -110,7 +136,7 @@ def build_overrides(overrides: Sequence[str] | None = None, reward_fn: Callable 
     (module docstring); a group the caller already chose (``task=``, ``data=``) is kept."""
     out = [str(o) for o in (overrides or [])]
     chosen = {o.split("=", 1)[0].lstrip("+~") for o in out if "=" in o}
-    added = _reward_overrides(reward_fn, reward_weights)
+    added = _reward_overrides(reward_fn, reward_weights, chosen)
     if env is not None:
         from arlopti.tasks.env.loading import register_env
 
@@ -123,6 +149,8 @@ def build_overrides(overrides: Sequence[str] | None = None, reward_fn: Callable 
 
 
 def _result(out: dict, run_dir: Path) -> RunResult:
+    from arlopti.entry.cluster import stopped_by
+
     module = out.get("module")
     ctx = getattr(module, "last_step_context", None)
     metrics = {k: float(v) for k, v in (getattr(ctx, "metrics", None) or {}).items()}
@@ -130,20 +158,25 @@ def _result(out: dict, run_dir: Path) -> RunResult:
     ckpt = out.get("ckpt_path") or (run_dir / "checkpoints" / "last.ckpt")
     ckpt = Path(ckpt) if ckpt and Path(ckpt).exists() else None
     return RunResult(run_dir=run_dir, metrics=metrics, checkpoint=ckpt, summary=out.get("summary") or {},
-                     eval_results=dict(evals[-1]) if evals else {})
+                     eval_results=dict(evals[-1]) if evals else {}, objective=out.get("objective"),
+                     interrupted=stopped_by(module))
 
 
 def run(overrides: Sequence[str] | None = None, *, reward_fn: Callable | str | Sequence | None = None,
         reward_weights: Sequence[float] | None = None, train_data: Any = None,
         env: type | str | None = None) -> RunResult:
     """Train as ``python train.py <overrides>`` would, plus what the keywords add (module
-    docstring), and return a :class:`RunResult`. Errors are raised (a bad override as
-    :class:`arlopti.config.ConfigError`, a failing reward as
-    :class:`arlopti.tasks.custom.RewardFailureError`)."""
+    docstring), and return a :class:`RunResult`. Errors are raised as they are, with their own
+    message and no report of Hydra's (a bad override as :class:`arlopti.config.ConfigError`, a
+    failing reward as :class:`arlopti.tasks.custom.RewardFailureError`); the traceback is also in
+    the run's ``train.log``. Ctrl-C finishes the step, saves the checkpoint and raises
+    :class:`RunInterrupted` (a ``KeyboardInterrupt``); another signal (SIGTERM) returns the result
+    with ``interrupted`` set."""
     from hydra.core.hydra_config import HydraConfig
 
     from arlopti.config import check_overrides
     from arlopti.config.compose import prepare, run_job
+    from arlopti.entry.failures import record_traceback
     from arlopti.tasks.custom import reset_shown_tracebacks
 
     prepare()  # the checkout's configs/ (or $PROJECT_ROOT's), before any override is read
@@ -156,7 +189,18 @@ def run(overrides: Sequence[str] | None = None, *, reward_fn: Callable | str | S
         from arlopti.entry.train import train
 
         box["run_dir"] = Path(HydraConfig.get().runtime.output_dir)
-        box["out"] = train(cfg)
+        try:
+            box["out"] = train(cfg)
+        except Exception as err:  # noqa: BLE001 - raised below, after the job: Hydra would report it first
+            record_traceback(err)
+            box["error"] = err
 
     run_job(task_function, all_overrides)
-    return _result(box["out"], box["run_dir"])
+    if "error" in box:
+        raise box["error"]
+    result = _result(box["out"], box["run_dir"])
+    if result.interrupted == "SIGINT":
+        raise RunInterrupted(f"Ctrl-C: arlopti.run stopped after rollout step "
+                             f"{result.summary.get('rollout_steps', '?')}; checkpoint {result.checkpoint} "
+                             "(resume: the same overrides plus ckpt_path=<it>)", result)
+    return result

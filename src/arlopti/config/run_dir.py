@@ -1,0 +1,54 @@
+"""A run folder of its own: ``${exclusive_dir:<path>}`` claims ``<path>``, or the next free ``<path>_<n>``.
+
+``configs/hydra/default.yaml`` names a run's folder ``logs/<task_name>/<run_name>/<time to the second>``
+(and a multirun's ``logs/<task_name>/multiruns/<time>``). Two runs of one experiment started within
+the same second would share it: the second ``last.ckpt`` replaces the first, their ``train.log`` lines
+interleave. The folder is therefore created here, exclusively (``mkdir`` without ``exist_ok``, atomic
+on a POSIX file system, so two processes racing for one name get one each): on a clash the next free
+name is taken, ``<time>_1``, ``<time>_2``, ... (as Hydra numbers a multirun's jobs).
+
+The resolver is registered with ``use_cache=True``: OmegaConf then resolves it once per config, and
+Hydra copies that cache into every job config of a multirun (``load_sweep_config``) and the ranks
+Lightning starts receive the resolved path (``hydra.run.dir=<it>``), so one run never claims two
+folders. An explicit ``hydra.run.dir=...`` (a job script, a requeued job) is used as given, shared.
+
+``${task_log_suffix:}``: in a submitit job of several tasks (one per GPU, ``hydra/launcher=slurm``) every
+task runs the job in the same folder; task ``n > 0`` logs to ``train_rank<n>.log`` so that rank 0's
+``train.log`` stays its own. Empty everywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+#: Names tried after ``<path>`` itself (``<path>_1`` ... ``<path>_<MAX_SUFFIX>``) before giving up.
+MAX_SUFFIX = 10_000
+
+
+def claim_dir(path: str) -> str:
+    """Create ``path`` (parents too) if no one has, else the first free ``path_<n>``; return the
+    folder created. Raises :class:`FileExistsError` when ``path`` exists as a file's parent that
+    cannot hold folders, or when every name up to ``MAX_SUFFIX`` is taken."""
+    base = Path(str(path))
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(MAX_SUFFIX + 1):
+        candidate = base if n == 0 else base.with_name(f"{base.name}_{n}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return str(candidate)
+    raise FileExistsError(f"{base}: this run folder and {MAX_SUFFIX} numbered ones beside it already exist; "
+                          "clear old runs or pass hydra.run.dir=<a new folder>")
+
+
+def task_log_suffix() -> str:
+    """``_rank<n>`` for task ``n > 0`` of a submitit job, else ``""`` (module docstring)."""
+    if not os.environ.get("SUBMITIT_EXECUTOR"):
+        return ""
+    rank = os.environ.get("SLURM_PROCID") or os.environ.get("SUBMITIT_LOCAL_GLOBALID") or "0"
+    return "" if rank == "0" else f"_rank{rank}"
+
+
+__all__ = ["MAX_SUFFIX", "claim_dir", "task_log_suffix"]
