@@ -96,3 +96,17 @@ def test_ctrl_c_in_a_sweep_run_here_ends_the_sweep_after_the_save(env, tmp_path)
     env.setenv("SUBMITIT_EXECUTOR", "local")  # submitit requeues instead
     cluster.stop_sweep_if_interrupted(module)
     assert len(recorded) == 1
+
+
+def test_the_slurm_launcher_runs_one_task_per_gpu_and_leaves_time_to_save():
+    from hydra import compose
+
+    from arlopti.config.compose import hydra_context
+
+    with hydra_context():
+        cfg = compose("train.yaml", ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4"],
+                      return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_.endswith("submitit_launcher.SlurmLauncher")
+    assert (launcher.gpus_per_node, launcher.tasks_per_node, launcher.nodes) == (4, 4, 1)
+    assert launcher.signal_delay_s >= 120 and launcher.max_num_timeout > 0

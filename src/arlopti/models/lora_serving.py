@@ -1,7 +1,8 @@
 """Which LoRA settings a vLLM engine can serve as an adapter (``rollout.lora_sync=adapter``).
 
 With ``lora_sync=adapter`` the adapter itself is handed to vLLM (a colocated ``rollout=vllm``
-engine, or the workers of ``rollout.placement=server``), and vLLM refuses an adapter whose
+engine; ``rollout.placement=server`` refuses ``lora_sync=adapter`` itself, :mod:`arlopti.config.rules`,
+and would meet the same limit), and vLLM refuses an adapter whose
 ``modules_to_save`` are anything but a classification model's heads, ``classifier`` and ``score``
 (vllm/lora/peft_helper.py, ``PEFTHelper._validate_features``), when the first sync arrives: after the
 models loaded and the engine started. :func:`check_adapter_servable` refuses it at start-up instead,
