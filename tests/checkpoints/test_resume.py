@@ -273,3 +273,14 @@ def test_a_distributed_folder_under_a_single_file_trainer_is_refused_naming_ckpt
                                           r"SingleDeviceStrategy.*trainer=fsdp"):
         check_checkpoint_strategy(str(folder), SingleDeviceStrategy("cpu"))
 
+
+def test_train_build_refuses_a_distributed_folder_before_any_model_loads(saved_ckpt, tmp_path, monkeypatch):
+    import arlopti.entry.train as train_entry
+    from arlopti.config import ConfigError
+    from helpers.compose import compose_train
+
+    folder = distributed_folder(saved_ckpt, tmp_path / "last.ckpt")
+    monkeypatch.setattr(train_entry, "check_resume_compatible", lambda *a, **k: None)  # the folder's config is a stub
+    with pytest.raises(ConfigError, match="is a distributed-checkpoint folder"):
+        train_entry.build(compose_train(["debug=smoke", "data=kk_generated", "logger=none"], tmp_path / "run"),
+                          str(folder))

@@ -28,8 +28,8 @@ import lightning.pytorch as L
 from omegaconf import DictConfig, OmegaConf
 
 from arlopti.config import ConfigError, RunConfig, from_dict, validate_once
-from arlopti.checkpoints.resume import (RESOLVED_ENV, check_resume_compatible, finished_reason, inherited_answer,
-                            resolve_ckpt_path)
+from arlopti.checkpoints.resume import (RESOLVED_ENV, check_checkpoint_strategy, check_resume_compatible,
+                                        finished_reason, inherited_answer, resolve_ckpt_path)
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ def build(cfg: DictConfig, ckpt: str | None = None):
     data_identity = data_signature(cfg.get("data"))
     if ckpt is not None:  # an incompatible checkpoint is refused now, before the policy and the reference load
         check_resume_compatible(ckpt, run, bool(cfg.get("allow_config_mismatch", False)), data=data_identity)
+        check_checkpoint_strategy(ckpt, trainer.strategy)  # an FSDP2 folder needs trainer=fsdp
         log.info("resuming from %s", ckpt)
     log.info("algorithm: %s (algorithm.ar_alpha=%s, algorithm.lopti.enabled=%s)", run.algorithm.label,
              run.algorithm.ar_alpha, run.algorithm.lopti.enabled)
