@@ -158,7 +158,7 @@ def test_a_tool_that_raises_returns_too_much_or_hangs_gives_an_error_reply_and_i
     assert "error: the call did not return within 0.3 s" in text
     assert e.meta["turns"] == 4 and e.meta["tool_errors"] == 2 and e.meta["tool_timeouts"] == 1
     assert e.finish_reason == "stop" and e.meta["tool_calls"] == 3  # after the hang the env is not called again
-    assert loop.calls.recent[-1] == (3, 3)  # 3 steps, each failed (the second: its reply was refused)
+    assert loop.calls.recent[-1][:2] == (3, 3)  # 3 steps, each failed (the second: its reply was refused)
 
 
 def test_too_many_failures_stop_the_run_naming_the_environment(tiny_tokenizer):
@@ -174,7 +174,8 @@ def test_too_many_failures_stop_the_run_naming_the_environment(tiny_tokenizer):
     cfg = RolloutConfig(max_turns=2, max_new_tokens=16)
     loop = build_turn_loop(cfg, EnvConfig(env=register_env(Broken), max_error_frac=0.5), tok)
     batch = batch_of(tok)
-    with pytest.raises(EnvError, match=r"Broken failed on 4 of its 4 calls.*task.max_error_frac=0.5.*no database"):
+    with pytest.raises(EnvError, match=r"Broken failed on 4 of its 4 calls over the last 1 rollout round\(s\) "
+                                       r"\(step 4 of 4\).*task.max_error_frac=0.5.*no database"):
         collect_groups(ScriptedEngine(tok, counting).generate, batch.prompt_ids, 2, SAMPLING, turns=loop,
                        batch=batch)
 

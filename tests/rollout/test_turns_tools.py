@@ -92,3 +92,8 @@ def test_bad_tool_calls_get_error_replies(tool_tok):
     assert "error: ToolCallError: increment(step): missing a required argument: 'step'" in text
     assert "<tool_response>\n3\n</tool_response>" in text
     assert e.meta["tool_calls"] == 4 and e.meta["tool_errors"] == 3 and e.meta["turns"] == 3
+    from arlopti.tasks.env import EnvError
+
+    with pytest.raises(EnvError, match=r"failed on 3 of its 4 calls .*\(decrement 1 of 1, increment 1 of 2, "
+                                       r"unknown 1 of 1\)"):  # each tool named with its failures
+        run(tok, say, prompts=1, group=1, frac=0.5)

@@ -17,7 +17,8 @@ The counts (:attr:`EnvCalls.round`: calls, errors, timeouts and the first error'
 per round (one :meth:`arlopti.rollout.turns.TurnLoop.run`); :meth:`EnvCalls.end_round` applies the
 stop rule of ``task.max_error_frac`` over the last ``task.error_window`` rounds (the custom task's
 rule for reward functions, :mod:`arlopti.tasks.custom`): past it the run stops with
-:class:`~arlopti.tasks.env.base.EnvError` naming the environment and its first error.
+:class:`~arlopti.tasks.env.base.EnvError` naming the environment, the failures of each call name (``step``,
+a tool's name, ``get_reward``) and the first error.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import random
 import threading
 import time
 import traceback
-from collections import deque
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from arlopti.tasks.env.base import EnvError
@@ -59,6 +60,8 @@ class RoundCounts:
     timeouts: int = 0
     first_error: str = ""
     seconds: float = 0.0
+    by_name: Counter = field(default_factory=Counter)  # calls per name ("step", a tool's name, "get_reward")
+    failed_by_name: Counter = field(default_factory=Counter)
 
 
 def _last_line(err: BaseException) -> str:
@@ -76,9 +79,9 @@ class EnvCalls:
         self.round = RoundCounts()
         self._shown = False
 
-    def call(self, fn: Callable, *args, seed: int, counted: bool = True, **kwargs) -> CallResult:
+    def call(self, fn: Callable, *args, seed: int, counted: bool = True, what: str = "step", **kwargs) -> CallResult:
         """``fn(*args, **kwargs)`` under the timeout with ``random`` seeded by ``seed``; ``counted`` calls
-        (steps and tools) enter the failure counts."""
+        (steps and tools) enter the failure counts under the name ``what``."""
         box: dict[str, Any] = {}
 
         def target():
@@ -106,14 +109,16 @@ class EnvCalls:
         else:
             result = CallResult(value=box.get("value"), seconds=seconds)
         if counted:
-            self.count(result, box.get("traceback", ""))
+            self.count(result, box.get("traceback", ""), what=what)
         return result
 
-    def count(self, result: CallResult, detail: str = "", new_call: bool = True) -> None:
-        """Add one counted call to the round; ``new_call=False``: turn a call already counted into a failure
-        (its reply was refused for its size)."""
+    def count(self, result: CallResult, detail: str = "", new_call: bool = True, what: str = "step") -> None:
+        """Add one counted call named ``what`` to the round; ``new_call=False``: turn a call already counted
+        into a failure (its reply was refused for its size)."""
         r = self.round
         r.calls += int(new_call)
+        r.by_name[what] += int(new_call)
+        r.failed_by_name[what] += int(not result.ok)
         r.errors += int(result.error is not None)
         r.timeouts += int(result.timeout)
         if result.error is not None and not r.first_error:
@@ -123,7 +128,7 @@ class EnvCalls:
         """Close the round: log its failures, apply the stop rule (module docstring), start a new round."""
         r, self.round = self.round, RoundCounts()
         failed = r.errors + r.timeouts
-        self.recent.append((r.calls, failed))
+        self.recent.append((r.calls, failed, r.by_name, r.failed_by_name))
         if failed:
             log.warning("environment %s: %d of %d calls failed this round (%d raised or were refused, %d timed out "
                         "at task.env_timeout_s=%s s)", self.name, failed, r.calls, r.errors, r.timeouts, self.timeout_s)
@@ -137,16 +142,21 @@ class EnvCalls:
     def _stop_if_failing(self, r: RoundCounts) -> None:
         if self.max_error_frac is None or self.max_error_frac >= 1:
             return
-        total = sum(c for c, _ in self.recent)
-        failed = sum(f for _, f in self.recent)
+        total = sum(c for c, *_ in self.recent)
+        failed = sum(f for _, f, *_ in self.recent)
         if not total or failed / total <= self.max_error_frac:
             return
+        calls, fails = Counter(), Counter()
+        for _, _, c, f in self.recent:
+            calls.update(c)
+            fails.update(f)
+        named = ", ".join(f"{k} {fails[k]} of {calls[k]}" for k in sorted(calls, key=lambda k: (-fails[k], k)))
         why = (f"First error: {r.first_error.strip().splitlines()[-1]}" if r.first_error else
                f"Every failure was a timeout (task.env_timeout_s={self.timeout_s} s per call).")
         raise EnvError(f"the environment {self.name} failed on {failed} of its {total} calls over the last "
-                       f"{len(self.recent)} rollout round(s), more than task.max_error_frac={self.max_error_frac}: the "
-                       f"run stops rather than train on broken episodes. {why}\nFix the environment, or raise "
-                       "task.max_error_frac (1 = never stop).")
+                       f"{len(self.recent)} rollout round(s) ({named}), more than task.max_error_frac="
+                       f"{self.max_error_frac}: the run stops rather than train on broken episodes. {why}\nFix the "
+                       "environment, or raise task.max_error_frac (1 = never stop).")
 
 
 __all__ = ["CallResult", "EnvCalls", "RoundCounts"]

@@ -288,8 +288,8 @@ class TurnLoop:
             return
         e.add(ids, False)
 
-    def _call(self, e: _Running, fn, seed: int, counted: bool = True) -> CallResult:
-        r = self.calls.call(fn, seed=seed, counted=counted)
+    def _call(self, e: _Running, fn, seed: int, counted: bool = True, what: str = "step") -> CallResult:
+        r = self.calls.call(fn, seed=seed, counted=counted, what=what)
         e.seconds += r.seconds
         if counted:
             e.calls += 1
@@ -330,7 +330,7 @@ class TurnLoop:
         out = []
         for k, call in enumerate(calls):
             r = self._call(e, lambda call=call: call_tool(e.tools, call),
-                           env_seed(base, f"tool{k}", e.prompt, e.sample, turn))
+                           env_seed(base, f"tool{k}", e.prompt, e.sample, turn), what=call.name or "unknown")
             out.append({"role": "tool", "name": call.name or "unknown",
                         "content": r.value if r.ok else self._failure(e, r)})
             if r.timeout:
@@ -356,7 +356,8 @@ class TurnLoop:
         if ids is None or len(ids) > limit:
             size = f"{len(ids)} tokens" if ids is not None else f"{len(text)} characters"
             error = f"error: the reply was too long ({size}; the limit is {limit} tokens)"
-            self.calls.count(CallResult(error=error), error, new_call=False)  # the call that made it failed
+            self.calls.count(CallResult(error=error), error, new_call=False,  # the call that made it failed
+                             what=messages[0].get("name", "step"))
             e.errors += 1
             first = messages[0]
             ids = self.enc.reply_ids([{**first, "content": error}]) if as_message else self.enc.text_ids(error)
@@ -369,7 +370,7 @@ class TurnLoop:
         if not self.spec.text and not e.hung and callable(getattr(e.env, "get_reward", None)):
             r = self._call(e, e.env.get_reward, env_seed(base, "reward", e.prompt, e.sample), counted=False)
             if not r.ok:  # scores 0 and counts as a failed call (not as a tool call)
-                self.calls.count(r)
+                self.calls.count(r, r.error or "", what="get_reward")
                 e.errors, e.timeouts = e.errors + int(r.error is not None), e.timeouts + int(r.timeout)
             value = r.value if r.ok else 0.0
             if isinstance(value, bool) or not isinstance(value, (int, float)):
