@@ -375,6 +375,12 @@ class LoraConfig:
     modules_to_save: list[str] = setting(
         help="modules trained in full next to the adapters, matched by name suffix as peft does (e.g. norm: every "
              "*norm layer); not the LM head", factory=list)
+    activation_checkpointing: bool | None = setting(
+        None, "recompute each decoder layer in the LoRA backward instead of keeping its activations (one more "
+              "forward per micro-batch). null = auto: on for a training micro-batch whose activations are estimated "
+              "at >= 256 MiB (arlopti.models.lora.freed_activation_bytes), off below, where it costs more time than "
+              "the memory is worth; true / false: always / never (model.gradient_checkpointing=true or "
+              "trainer.strategy.activation_checkpointing=true keep it on)")
 
 
 @dataclass

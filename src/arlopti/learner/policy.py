@@ -62,6 +62,9 @@ class PolicyLM(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float = 1.0,
                 with_entropy: bool = True, stats: StatsRequest | None = None):
+        auto = getattr(self.hf, "arlopti_auto_checkpointing", None)  # model.lora.activation_checkpointing=null
+        if auto is not None and self.training and torch.is_grad_enabled():
+            auto.prepare(input_ids, _activation_element_size(self.hf, input_ids.device))
         backbone = self.hf.get_decoder()
         head = self.hf.get_output_embeddings()
         out = backbone(input_ids=input_ids, attention_mask=attention_mask,
@@ -77,6 +80,16 @@ class PolicyLM(nn.Module):
         if stats is None:
             return out
         return (*out, extra[0].map(lambda t: t.view(b, r, *t.shape[1:]).clone()))
+
+
+def _activation_element_size(hf_model: nn.Module, device: torch.device) -> int:
+    """Bytes per activation element of a forward now: autocast's dtype when it is on, else the embedding's
+    (under FSDP2's bf16 compute the root's parameters, the embedding among them, are unsharded in bf16 by
+    the time this forward runs)."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.finfo(torch.get_autocast_dtype(device.type)).bits // 8
+    weight = hf_model.get_input_embeddings().weight
+    return weight.element_size()
 
 
 def disable_dropout(model: nn.Module) -> None:

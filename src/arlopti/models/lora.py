@@ -14,7 +14,10 @@ What LoRA changes elsewhere, each in one place:
 * checkpoints keep only the trainable tensors (:func:`drop_frozen_weights`, a ``state_dict``
   post-hook) and the base model's identity (:func:`base_identity`), checked on resume;
 * the vLLM sync sends merged weights or the adapter (:mod:`arlopti.rollout.lora_sync`);
-* export writes a PEFT adapter folder or merged weights (:mod:`arlopti.checkpoints.export`).
+* export writes a PEFT adapter folder or merged weights (:mod:`arlopti.checkpoints.export`);
+* activation checkpointing (``model.lora.activation_checkpointing``): with the base frozen, a LoRA
+  update's memory is mostly the activations autograd keeps, so each decoder layer can be recomputed
+  in the backward instead (:class:`AutoCheckpointing` decides per training micro-batch under ``null``).
 
 Tied embeddings (the tiny model, SmolLM2, Qwen2.5-0.5B/1.5B/3B: the LM head *is* the embedding
 matrix). peft adapts a module, not a tensor: an adapter on ``embed_tokens`` (or a
@@ -219,6 +222,7 @@ def apply_lora(model: nn.Module, lora: LoraConfig, gradient_checkpointing: bool 
         peft_model = get_peft_model(model, peft_cfg)
     if gradient_checkpointing:  # frozen embeddings: checkpointed blocks need an input that requires grad
         peft_model.enable_input_require_grads()
+    setup_checkpointing(peft_model, lora.activation_checkpointing, pinned=gradient_checkpointing)
     peft_model.arlopti_base_identity = identity
     trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
     peft_model.register_state_dict_post_hook(_frozen_dropper(trainable))
@@ -227,6 +231,96 @@ def apply_lora(model: nn.Module, lora: LoraConfig, gradient_checkpointing: bool 
     log.info("LoRA r=%d alpha=%g on %s: %d trainable parameters of %d (%.2f%%)", lora.r, lora_alpha(lora),
              peft_cfg.target_modules, n_train, n_all, 100.0 * n_train / max(1, n_all))
     return peft_model
+
+
+#: ``model.lora.activation_checkpointing=null`` checkpoints a training micro-batch whose freed activations
+#: (:func:`freed_activation_bytes`) reach this: below it the recompute costs time for memory no machine
+#: that runs the model misses (SmolLM2-135M in fp32: 191 tokens per micro-batch).
+AUTO_CHECKPOINT_MIN_BYTES = 256 * 2**20
+
+
+def decoder_layers_of(model: nn.Module) -> list[nn.Module]:
+    """The model's checkpointable decoder layers (transformers' ``GradientCheckpointingLayer``)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+
+
+def freed_activation_bytes(config, tokens: int, element_size: int) -> int:
+    """Estimated bytes that checkpointing every decoder layer frees in a forward over ``tokens`` positions.
+
+    Per token and layer autograd keeps about ``10h + 2·kv·d + 4i`` elements (h hidden, kv·d the key/value
+    width, i the MLP width: the attention inputs, q, k, v and output, the SwiGLU's four ``i``-wide tensors,
+    the two RMSNorms), the count of ``benchmarks/memory_plan.py``'s ``recompute_bytes_per_token`` (Korthikanti
+    et al. 2022, with SwiGLU); a checkpointed layer keeps only its input, ``h``. The LoRA adapters' own
+    ``r``-wide intermediates are left out (r is far below h). An estimate to decide with, not a measurement:
+    benchmarks/bench_lora.py measures the peak."""
+    h, i, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or h // heads
+    return tokens * layers * element_size * (9 * h + 2 * kv * head_dim + 4 * i)
+
+
+class AutoCheckpointing:
+    """``model.lora.activation_checkpointing=null``: before each training forward (grad on, train mode),
+    checkpoint every decoder layer when :func:`freed_activation_bytes` of that micro-batch reaches
+    :data:`AUTO_CHECKPOINT_MIN_BYTES`, else keep the activations (``PolicyLM.forward`` calls :meth:`prepare`).
+
+    Layers that something else put under checkpointing before the first training forward
+    (``model.gradient_checkpointing``, FSDP2's ``activation_checkpointing``) stay as they were: the
+    controller then never acts. Non-reentrant ``torch.utils.checkpoint`` (the recompute gives the same
+    values, so the gradients are the same bit for bit: tests/models/test_lora_checkpointing.py)."""
+
+    def __init__(self, model: nn.Module, min_bytes: int = AUTO_CHECKPOINT_MIN_BYTES):
+        self.config = getattr(model, "config", None)
+        self.layers = decoder_layers_of(model)
+        self.min_bytes = min_bytes
+        self.state: bool | None = None  # what this controller last set; None: not acted yet
+        self.pinned = False
+        self.on_count = self.off_count = 0
+
+    def decide(self, tokens: int, element_size: int) -> bool:
+        return freed_activation_bytes(self.config, tokens, element_size) >= self.min_bytes
+
+    def prepare(self, input_ids: torch.Tensor, element_size: int) -> bool | None:
+        """Set the layers for this micro-batch; returns whether they checkpoint (None: pinned, untouched)."""
+        if self.pinned or not self.layers:
+            return None
+        if self.state is None and any(layer.gradient_checkpointing for layer in self.layers):
+            self.pinned = True  # someone else turned checkpointing on: leave it
+            return None
+        on = self.decide(int(input_ids.numel()), element_size)
+        if on != self.state:
+            import functools
+
+            from torch.utils.checkpoint import checkpoint
+
+            for layer in self.layers:
+                layer._gradient_checkpointing_func = functools.partial(checkpoint, use_reentrant=False)
+                layer.gradient_checkpointing = on
+            if on and not self.on_count:
+                log.info("model.lora.activation_checkpointing=null: checkpointing the decoder layers for micro-batches "
+                         "of %d tokens (estimated %.0f MiB of activations freed)", input_ids.numel(),
+                         freed_activation_bytes(self.config, int(input_ids.numel()), element_size) / 2**20)
+            self.state = on
+        self.on_count += on
+        self.off_count += not on
+        return on
+
+
+def setup_checkpointing(peft_model: nn.Module, setting: bool | None, pinned: bool = False) -> None:
+    """``model.lora.activation_checkpointing``: true checkpoints every decoder layer now, false leaves them,
+    null attaches an :class:`AutoCheckpointing` (``arlopti_auto_checkpointing``) unless ``pinned``
+    (``model.gradient_checkpointing=true``: always on already)."""
+    if setting is True:
+        base = peft_model.get_base_model() if hasattr(peft_model, "get_base_model") else peft_model
+        if not getattr(base, "supports_gradient_checkpointing", False):
+            raise ConfigError(f"model.lora.activation_checkpointing=true: {type(base).__name__} does not support "
+                              "gradient checkpointing; set it to false")
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif setting is None and not pinned:
+        peft_model.arlopti_auto_checkpointing = AutoCheckpointing(peft_model)
 
 
 def is_lora(module: nn.Module) -> bool:
