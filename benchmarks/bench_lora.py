@@ -1,21 +1,30 @@
 """LoRA (r=16, all-linear) against full-parameter training on SmolLM2-135M-Instruct (CPU, fp32).
 
     flock /tmp/arlopti-cpu.lock python benchmarks/bench_lora.py [--repeats 5] [--skip-vllm]
+    python benchmarks/bench_lora.py --smoke     # the tiny model, one sample each, no vLLM: measures nothing
 
-Learner (one fresh process per sample, the two configurations alternating, ``--repeats`` each):
-the real ``GRPOModule`` is built (so the full-parameter run loads its frozen reference model
-and the LoRA run does not: its reference is the policy with the adapters off), then on the same
-batch (``--batch`` responses of ``--tokens`` tokens after a 32-token prompt) it runs one warm-up
-and one timed step of: old log-probs + reference log-probs (no grad) and one update (forward,
-backward, clip, ``AdamW.step()`` of the trainable parameters). Reported: the growth of the
-process's peak RSS over its start (model, reference, gradients, Adam moments and activations
-included), time per update, time per step (log-prob passes + update).
+Learner (one fresh process per sample, the configurations alternating, ``--repeats`` each): the
+real ``GRPOModule`` is built (so the full-parameter run loads its frozen reference model and the
+LoRA run does not: its reference is the policy with the adapters off), then on the same batch
+(``--batch`` responses of ``--tokens`` tokens after a 32-token prompt) it runs one warm-up and one
+timed step of: old log-probs + reference log-probs (no grad) and one update (forward, backward,
+clip, ``AdamW.step()`` of the trainable parameters). Configurations (``--configs``):
+
+* ``full``: every parameter, activations kept; ``full_ckpt``: the same with ``model.gradient_checkpointing``;
+* ``lora_r16``: LoRA with ``model.lora.activation_checkpointing=false`` (activations kept);
+* ``lora_r16_auto``: LoRA with the default ``null`` (auto: checkpointed when the micro-batch's
+  activations are estimated at >= 256 MiB; ``checkpointed`` says what it did).
+
+Reported: the growth of the process's peak RSS over its start (model, reference, gradients, Adam
+moments and activations included), time per update, time per step (log-prob passes + update), and
+the ratios to ``full`` (the goal: LoRA's peak <= 0.5x full's) and of auto over ``lora_r16`` (what
+checkpointing costs in time).
 
 vLLM (``rollout=vllm`` on CPU; one process per engine kind, alternating plain/adapter twice):
 sync time of a full-parameter policy and of a LoRA policy in ``merged`` mode into a plain engine,
 and of ``adapter`` mode into a LoRA-enabled engine (medians of ``--repeats`` syncs per process);
 decoding tokens/s of the plain engine against the LoRA-serving one (``min_tokens`` forces equal
-lengths). Writes ``benchmarks/out/bench_lora.json``.
+lengths). Writes ``benchmarks/out/bench_lora.json`` (``--out``).
 """
 
 from __future__ import annotations
@@ -24,12 +33,16 @@ import argparse
 import statistics
 import time
 
-from _common import format_table, interleaved_order, machine_info, max_rss_bytes, run_isolated, write_json
+from _common import format_table, interleaved_order, max_rss_bytes, run_isolated, write_json
 
 MODEL = "smollm2-135m-instruct"
+#: name -> (LoRA rank, model.gradient_checkpointing, model.lora.activation_checkpointing)
+CONFIGS = {"full": (0, False, None), "full_ckpt": (0, True, None), "lora_r16": (16, False, False),
+           "lora_r16_auto": (16, False, None)}
 
 
-def learner_sample(lora_r: int, batch: int, tokens: int, threads: int = 2) -> dict:
+def learner_sample(lora_r: int, batch: int, tokens: int, threads: int = 2, model: str = MODEL,
+                   gradient_checkpointing: bool = False, lora_checkpointing: bool | None = None) -> dict:
     """One process: build the learner, then a warm-up and a timed step (see the module docstring)."""
     import torch
 
@@ -40,14 +53,15 @@ def learner_sample(lora_r: int, batch: int, tokens: int, threads: int = 2) -> di
     from arlopti.learner.optim import build_optimizer
     from arlopti.models.loading import load_tokenizer
 
-    tok = load_tokenizer(MODEL)
+    tok = load_tokenizer(model)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, len(tok), (batch, 32 + tokens), generator=g)
     mask = torch.ones_like(ids)
     adv = torch.randn(batch, tokens, generator=g)
     rss0 = max_rss_bytes()
     cfg = RunConfig(algorithm=AlgorithmConfig(kl_coef=0.001), optim=OptimConfig(),
-                    model=ModelConfig(name_or_path=MODEL, lora=LoraConfig(r=lora_r)))
+                    model=ModelConfig(name_or_path=model, gradient_checkpointing=gradient_checkpointing,
+                                      lora=LoraConfig(r=lora_r, activation_checkpointing=lora_checkpointing)))
     module = GRPOModule(cfg, tokenizer=tok)
     policy = module.policy
     trainable = [p for p in policy.parameters() if p.requires_grad]
@@ -75,8 +89,12 @@ def learner_sample(lora_r: int, batch: int, tokens: int, threads: int = 2) -> di
 
     step()
     update_s, step_s = step()
+    auto = getattr(policy.hf, "arlopti_auto_checkpointing", None)
+    layers = [m for m in policy.hf.modules() if hasattr(m, "gradient_checkpointing") and hasattr(m, "self_attn")]
     return {"peak_rss_mb": (max_rss_bytes() - rss0) / 2**20, "update_s": update_s, "step_s": step_s,
-            "trainable": sum(p.numel() for p in trainable), "has_ref_copy": module.ref is not None}
+            "trainable": sum(p.numel() for p in trainable), "has_ref_copy": module.ref is not None,
+            "checkpointed": (bool(auto.state) if auto is not None and not auto.pinned
+                             else any(m.gradient_checkpointing for m in layers))}
 
 
 def vllm_sample(kind: str, repeats: int, threads: int = 2) -> dict:
@@ -123,36 +141,61 @@ def vllm_sample(kind: str, repeats: int, threads: int = 2) -> dict:
     return {"sync_s": syncs, "tokens_per_s": tps}
 
 
-def main() -> None:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"learner configurations, a subset of {list(CONFIGS)}")
+    ap.add_argument("--model", default=MODEL, help="smollm2-135m-instruct, or tiny (the random test model)")
     ap.add_argument("--skip-vllm", action="store_true")
     ap.add_argument("--skip-learner", action="store_true", help="only the vLLM sync / decode part")
-    args = ap.parse_args()
-    out: dict = {"machine": machine_info(), "args": vars(args)}
+    ap.add_argument("--smoke", action="store_true",
+                    help="the tiny model, batch 2 x 8 tokens, one sample each, no vLLM: a check that it runs")
+    ap.add_argument("--out", default="bench_lora.json", help="file name under benchmarks/out/ (or a path)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.batch, args.tokens, args.repeats, args.skip_vllm = "tiny", 2, 8, 1, True
+    elif args.repeats < 5:
+        ap.error("--repeats must be >= 5 (the median of at least five samples is reported)")
+    args.configs = [c for c in args.configs.split(",") if c]
+    unknown = sorted(set(args.configs) - set(CONFIGS))
+    if unknown or not args.configs:
+        ap.error(f"--configs: unknown {unknown}; choose from {list(CONFIGS)}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    out: dict = {"args": vars(args)}
     if not args.skip_learner:
         learner_part(args, out)
     if not args.skip_vllm:
         vllm_part(args, out)
-    print("wrote", write_json("bench_lora.json", out))
+    print("wrote", write_json(args.out, out))
+    return out
 
 
 def learner_part(args, out: dict) -> None:
     """Peak RSS, update and step time: LoRA r=16 against full-parameter, alternating processes."""
-    samples: dict[str, list[dict]] = {"full": [], "lora_r16": []}
+    samples: dict[str, list[dict]] = {name: [] for name in args.configs}
     for name in interleaved_order(list(samples), args.repeats):
+        r, full_ckpt, lora_ckpt = CONFIGS[name]
         samples[name].append(run_isolated(__file__, "learner_sample", {
-            "lora_r": 16 if name == "lora_r16" else 0, "batch": args.batch, "tokens": args.tokens}))
-    med = {n: {k: statistics.median(s[k] for s in rows) for k in ("peak_rss_mb", "update_s", "step_s")}
-           for n, rows in samples.items()}
+            "lora_r": r, "batch": args.batch, "tokens": args.tokens, "model": args.model,
+            "gradient_checkpointing": full_ckpt, "lora_checkpointing": lora_ckpt}))
+    keys = ("peak_rss_mb", "update_s", "step_s")
+    med = {n: {k: statistics.median(s[k] for s in rows) for k in keys} for n, rows in samples.items()}
     rows = [{"config": n, **{k: round(v, 3) for k, v in m.items()}, "trainable": samples[n][0]["trainable"],
-             "reference copy": samples[n][0]["has_ref_copy"]} for n, m in med.items()]
-    ratios = {k: med["lora_r16"][k] / med["full"][k] for k in ("peak_rss_mb", "update_s", "step_s")}
-    out.update(learner=samples, learner_median=med, learner_ratio_lora_over_full=ratios)
-    print(format_table(rows, ["config", "peak_rss_mb", "update_s", "step_s", "trainable", "reference copy"]))
-    print("LoRA / full:", {k: round(v, 3) for k, v in ratios.items()})
+             "reference copy": samples[n][0]["has_ref_copy"], "checkpointed": samples[n][0]["checkpointed"]}
+            for n, m in med.items()]
+    ratios = {f"{n}_over_{base}": {k: med[n][k] / med[base][k] for k in keys}
+              for n, base in (("lora_r16", "full"), ("lora_r16_auto", "full"), ("lora_r16_auto", "full_ckpt"),
+                              ("lora_r16_auto", "lora_r16"), ("full_ckpt", "full")) if n in med and base in med}
+    out.update(learner=samples, learner_median=med, learner_ratios=ratios)
+    print(format_table(rows, ["config", *keys, "trainable", "reference copy", "checkpointed"]))
+    for name, r in ratios.items():
+        print(f"{name}:", {k: round(v, 3) for k, v in r.items()})
 
 
 def vllm_part(args, out: dict) -> None:
