@@ -9,7 +9,7 @@ Parts (each writes into ``--out``):
   bucket). Runs (:mod:`.study_runs`) go to ``runs/<method>/seed<s>/`` (``metrics.csv``, the learner's
   own log; ``steps.jsonl``; ``run.json``) and are reused when their settings match, so adding a method
   runs only its runs; each seed's first-step mechanism (:mod:`.study_mechanism`) goes to
-  ``mechanism/seed<s>.json``. Then ``study.json`` (every number, :mod:`.study_tables`), ``tables.md``
+  ``mechanism/seed<s>.json`` (reused likewise). Then ``study.json`` (every number, :mod:`.study_tables`), ``tables.md``
   and ``curves.png``, ``paired.png``, ``mechanism.png``. ``--workers`` processes run the jobs.
 * ``kk-mechanism``, ``kk-run``, ``kk-report``: the paper's setting at CPU scale (:mod:`.study_kk`).
 
@@ -88,7 +88,8 @@ def run_job(job: tuple) -> tuple:
         from arlopti.analysis.study_mechanism import seed_mechanism
 
         _, seed, algos, sizes, file, warm = job
-        result = seed_mechanism(seed, algos, sizes, _tokenizer(), warm)
+        result = {**seed_mechanism(seed, algos, sizes, _tokenizer(), warm), "sizes": asdict(sizes),
+                  "seconds": time.perf_counter() - t0}
         Path(file).parent.mkdir(parents=True, exist_ok=True)
         Path(file).write_text(json.dumps(result, indent=1, default=str))
         key = seed
@@ -118,6 +119,16 @@ def run_is_done(folder: Path, seed: int, algo, sizes) -> bool:
     return all(saved.get(k) == v for k, v in want.items()) and len(rows) == sizes.steps
 
 
+def mechanism_is_done(file: Path, algos: dict, sizes) -> bool:
+    """Whether ``file`` holds a seed's mechanism for these methods and sizes (then it is reused)."""
+    try:
+        saved = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    measured = set(saved.get("methods", {})) | set(saved.get("not_measured", []))
+    return saved.get("sizes") == json.loads(json.dumps(asdict(sizes))) and measured == set(algos)
+
+
 # ------------------------------------------------------------------------------------------ the toy study
 def toy_study(args) -> dict:
     from arlopti.analysis.study_methods import method_algorithms, parse_methods
@@ -135,7 +146,8 @@ def toy_study(args) -> dict:
     jobs = [("run", m, algos[m], s, sizes, str(out / "runs" / m / f"seed{s}"), str(warm)) for s in seeds
             for m in methods if not run_is_done(out / "runs" / m / f"seed{s}", s, algos[m], sizes)]
     if not args.skip_mechanism:
-        jobs += [("mechanism", s, algos, sizes, str(out / "mechanism" / f"seed{s}.json"), str(warm)) for s in seeds]
+        jobs += [("mechanism", s, algos, sizes, str(out / "mechanism" / f"seed{s}.json"), str(warm)) for s in seeds
+                 if not mechanism_is_done(out / "mechanism" / f"seed{s}.json", algos, sizes)]
     log.info("study toy: %d methods x %d seeds, %d jobs to run", len(methods), len(seeds), len(jobs))
     done = run_jobs(jobs, args.workers, args.threads)
     timings = {"jobs_s": time.perf_counter() - t0,

@@ -33,6 +33,15 @@ def code_version() -> dict:
     return {"commit": commit, "modified_or_new_src_files": [line[3:] for line in dirty]}
 
 
+def recorded_seconds(out: Path, methods: list[str], seeds: list[int]) -> dict:
+    """The wall time each run and each seed's mechanism recorded when it ran (this call may have reused them)."""
+    runs = [json.loads((out / "runs" / m / f"seed{s}" / "run.json").read_text()).get("seconds")
+            for m in methods for s in seeds]
+    mech = [json.loads(f.read_text()).get("seconds") for f in sorted((out / "mechanism").glob("seed*.json"))]
+    return {"runs_with_a_time": sum(x is not None for x in runs), "runs_s": sum(x for x in runs if x is not None),
+            "mechanism_with_a_time": sum(x is not None for x in mech), "mechanism_s": sum(x for x in mech if x)}
+
+
 def read_rows(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
 
@@ -62,7 +71,7 @@ def write_toy_report(out: Path, methods: list[str], seeds: list[int], sizes, arg
              "per_run": {m: {str(s): {k: v for k, v in r.items() if k != "in_training"} for s, r in by.items()}
                          for m, by in runs.items()},
              "timings_s": {**timings, "run_s_total": sum(timings["run_s"]), "workers": args.workers,
-                           "threads_per_worker": args.threads},
+                           "threads_per_worker": args.threads, "recorded_in_the_runs": recorded_seconds(out, methods, seeds)},
              "load_avg_1_5_15_at_end": list(os.getloadavg()), "cpu_count": os.cpu_count(), "files": files,
              "code": code_version()}
     (out / "study.json").write_text(json.dumps(study, indent=1, default=str) + "\n")

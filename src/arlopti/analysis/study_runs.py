@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -176,6 +177,7 @@ def train_toy_run(algo: AlgorithmConfig, seed: int, out_dir: str | Path, sizes: 
     from arlopti.learner.module import GRPOModule
     from arlopti.models.loading import build_tiny_tokenizer
 
+    t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok = tokenizer if tokenizer is not None else build_tiny_tokenizer()
@@ -198,5 +200,6 @@ def train_toy_run(algo: AlgorithmConfig, seed: int, out_dir: str | Path, sizes: 
     with open(out / "steps.jsonl", "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in recorder.rows)
     (out / "run.json").write_text(json.dumps({"seed": seed, "sizes": asdict(sizes), "algorithm": asdict(cfg.algorithm),
-                                              "warm_start_losses": warm["losses"]}, indent=1, default=str))
+                                              "warm_start_losses": warm["losses"],
+                                              "seconds": time.perf_counter() - t0}, indent=1, default=str))
     return {"rows": recorder.rows, "first_experience": rollouts.first_experience, "folder": str(out)}

@@ -36,12 +36,13 @@ def mean_ci(values, resamples: int = RESAMPLES, seed: int = SEED) -> dict:
     return {"mean": float(v.mean()), "ci95": [float(lo), float(hi)], "n": int(v.size)}
 
 
-def paired(method: list[float], base: list[float], resamples: int = RESAMPLES, seed: int = SEED) -> dict:
+def paired(method: list, base: list, resamples: int = RESAMPLES, seed: int = SEED) -> dict:
     """Method − base by seed (aligned lists): :func:`mean_ci` of the differences, wins (method
-    higher), losses, ties and the exact sign-test p (module docstring)."""
+    higher), losses, ties and the exact sign-test p (module docstring). A seed where either value
+    is None (a bucket without tokens in that run) is left out; ``n`` counts the pairs used."""
     if len(method) != len(base):
         raise ValueError(f"paired: {len(method)} method values but {len(base)} baseline values (same seeds needed)")
-    d = [m - b for m, b in zip(method, base)]
+    d = [m - b for m, b in zip(method, base) if m is not None and b is not None]
     wins, losses = sum(x > 0 for x in d), sum(x < 0 for x in d)
     return {**mean_ci(d, resamples, seed), "wins": int(wins), "losses": int(losses),
             "ties": int(len(d) - wins - losses), "sign_test_p": mcnemar_exact(int(losses), int(wins))}

@@ -11,8 +11,8 @@ Per run (one method, one seed; ``rows`` = its steps in order):
   the mean Δp of A > 0 and of A < 0 tokens, and the share of the run's signed tokens in each bucket.
 
 Per method: each of those as :func:`~arlopti.analysis.study_stats.mean_ci` over seeds; against GRPO
-(the seeds are the pairs) :func:`~arlopti.analysis.study_stats.paired` of ``final``, ``auc`` and
-``steps_to_threshold``; and the first-step mechanism (:mod:`arlopti.analysis.study_mechanism`) per
+(the seeds are the pairs) :func:`~arlopti.analysis.study_stats.paired` of ``final``, ``auc``,
+``steps_to_threshold`` and ``top_pos_rose`` (the in-training A > 0 "rose" fraction of the top bucket, Fig. 3); and the first-step mechanism (:mod:`arlopti.analysis.study_mechanism`) per
 bucket, :func:`mean_ci` over seeds. :func:`markdown_tables` renders the headline columns.
 """
 
@@ -63,6 +63,8 @@ def method_table(runs: dict[str, dict[int, dict]], seeds: list[int], baseline: s
         if method != baseline:
             entry["vs_" + baseline] = {key: paired([r[key] for r in rs], [base[s][key] for s in seeds])
                                        for key in ("final", "auc", "steps_to_threshold")}
+            entry["vs_" + baseline]["top_pos_rose"] = paired([r["in_training"]["pos_rose"][-1] for r in rs],
+                                                             [base[s]["in_training"]["pos_rose"][-1] for s in seeds])
         out[method] = entry
     return out
 
@@ -103,13 +105,14 @@ def learning_markdown(table: dict, threshold: float, baseline: str = "grpo") -> 
 
 def in_training_markdown(table: dict) -> str:
     head = " | ".join(BUCKET_LABELS)
-    lines = [f"| method | A>0 rose: {head} | mean Δp A>0 (.75, 1] | A<0 fell (.75, 1] | token share (.75, 1] |",
-             "|---|" + "---|" * (NUM_BUCKETS + 3)]
+    lines = [f"| method | A>0 rose: {head} | Δ A>0 rose (.75, 1] vs grpo | mean Δp A>0 (.75, 1] | "
+             "A<0 fell (.75, 1] | token share (.75, 1] |", "|---|" + "---|" * (NUM_BUCKETS + 4)]
     for m, e in table.items():
         t = e["in_training"]
         rose = " | ".join(_ci(t["pos_rose"][b], "{:.2f}") for b in BUCKET_NAMES)
-        lines.append(f"| {m} | {rose} | {_ci(t['dp_pos_mean'][TOP], '{:+.4f}')} | {_ci(t['neg_fell'][TOP], '{:.2f}')} "
-                     f"| {_ci(t['token_share'][TOP], '{:.2f}')} |")
+        vs = e.get("vs_grpo", {}).get("top_pos_rose")
+        lines.append(f"| {m} | {rose} | {_ci(vs, '{:+.3f}') if vs else '–'} | {_ci(t['dp_pos_mean'][TOP], '{:+.4f}')} "
+                     f"| {_ci(t['neg_fell'][TOP], '{:.2f}')} | {_ci(t['token_share'][TOP], '{:.2f}')} |")
     return "\n".join(lines)
 
 
