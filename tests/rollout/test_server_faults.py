@@ -6,7 +6,9 @@
   restarts, the run stops with an error naming the worker, the hang and ``rollout.server.max_restarts``.
   Nothing of either worker process is left running.
 * The trainer killed with SIGKILL (``train.py`` in a subprocess): its worker's watchdog takes the
-  whole worker down, so no orphan process is left.
+  whole worker down, so no orphan process is left. A worker's supervisor killed with SIGKILL takes its
+  vLLM server and engine down with it (the kernel's parent-death signal), trainer or no trainer.
+* A run stopped by its workers saves ``last.ckpt`` first, and the error says where.
 * A normal ``train.py debug=smoke`` run with ``rollout.placement=server rollout.async.max_staleness=1``
   and the sync-agreement check after every sync (CI's smoke), leaving no worker behind.
 """
@@ -93,12 +95,21 @@ def test_a_killed_and_a_hung_worker_are_restarted_then_the_run_stops_naming_it(t
         return pools[-1]
 
     monkeypatch.setattr(ServerRollouts, "start", classmethod(recording_start))
+    from arlopti.callbacks.checkpointing import RolloutCheckpoint
+
+    ckpt = RolloutCheckpoint(dirpath=str(tmp_path / "checkpoints"), every_n_steps=None)
     cfg = run_config(1, None)
     cfg.rollout = replace(cfg.rollout, server=ServerConfig(spawn=True, max_restarts=1, timeout_s=8,
                                                            startup_timeout_s=300), async_=AsyncConfig(max_staleness=1))
     with pytest.raises(RuntimeError, match=r"(?s)rollout worker worker0: .*unanswered after 8 s .*hung.*"
-                                           r"restarted 1 time\(s\) already \(rollout.server.max_restarts=1\)"):
-        train(tiny_tokenizer, cfg, 12, tmp_path)
+                                           r"restarted 1 time\(s\) already \(rollout.server.max_restarts=1\).*"
+                                           r"The (\d+) rollout step\(s\) done are saved in .*last.ckpt") as err:
+        train(tiny_tokenizer, cfg, 12, tmp_path, extra=[ckpt])
+    done = int(re.search(r"The (\d+) rollout step", str(err.value)).group(1))
+    import torch
+
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert done >= 1 and saved["arlopti"]["rollout_step"] == done  # the steps done, not lost
     (pool,) = pools
     assert pool.restarts == 1 and len(set(groups)) == 2  # two processes: the first and its restart
     log = (tmp_path / "rollout_workers" / "worker0.log").read_text()
@@ -154,6 +165,28 @@ def test_a_killed_trainer_leaves_no_orphan_worker(tmp_path):
             trainer.kill()
 
 
+def test_a_killed_supervisor_takes_its_vllm_server_down(tmp_path):
+    """kill -9 of ``arlopti.rollout.serve`` (no trainer to clean up after it): nothing of its process group
+    is alive 10 s later and its port no longer answers."""
+    from arlopti.rollout.server_client import free_port
+
+    port = free_port()
+    with open(tmp_path / "serve.log", "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "arlopti.rollout.serve", "model=tiny_vllm",
+                                 f"rollout.server.port={port}", "rollout.max_new_tokens=16"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+    try:
+        worker = RolloutWorker.remote(f"127.0.0.1:{port}", ServerConfig())
+        worker.wait_ready(300, "rollout.server.startup_timeout_s")
+        assert len(group_alive(proc.pid)) >= 2  # the supervisor and vLLM's server (and its engine)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        left = wait_gone(proc.pid, 10)
+        assert not left, f"left alive after the supervisor's SIGKILL: {[psutil.Process(p).cmdline() for p in left]}"
+    finally:
+        RolloutWorker.kill_group(proc.pid)
+
+
 def test_smoke_run_with_a_worker_one_step_stale_and_the_sync_check(tmp_path):
     proc = _train_py(tmp_path, "rollout.async.max_staleness=1", "rollout.server.check_sync=true")
     me = psutil.Process(proc.pid)
@@ -168,5 +201,7 @@ def test_smoke_run_with_a_worker_one_step_stale_and_the_sync_check(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     synced = re.findall(r"worker0 agrees with the trainer after the sync to version (\d+)", out)
     assert synced == ["0", "1"], out[-4000:]  # debug=smoke: 2 steps, a sync before each
+    assert "waiting for rollout worker0" in out and "vLLM is starting" in out  # no silent start
+    assert "rollout.backend=hf is the engine of this process's evals" in out  # backend: used, and said
     for pgid in seen:
         assert not wait_gone(pgid, 30), "a worker outlived the run"

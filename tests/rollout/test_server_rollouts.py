@@ -10,7 +10,8 @@ given its URL (``rollout.server.urls``): the two-"host" test on localhost. It sh
   version is the one the plan gives (max(0, s - k)); the learner refuses a sample older than v - k;
 * the toy task of tests/learner/test_learning.py is learnt at k = 2 with the rollout correction on
   (auto = tis);
-* a worker built from another base model is refused at connect time.
+* a worker built from another base model is refused at connect time, and so is a second run given a
+  worker that serves a live run (which goes on undisturbed).
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ def train(tok, cfg: RunConfig, steps: int, tmp_path, extra=()) -> tuple[GRPOModu
     module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)
     data = FirstHalfData(n=256, tokenizer=tok, prompts_per_step=4, max_prompt_length=256, seed=3)
     rec = Record()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=100, logger=False, enable_checkpointing=False,
+    from lightning.pytorch.callbacks import Checkpoint
+
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_epochs=100, logger=False,
+                        enable_checkpointing=any(isinstance(c, Checkpoint) for c in extra),
                         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
                         callbacks=[RolloutCallback(group_size=4), rec, *extra])
@@ -128,11 +132,12 @@ def test_k0_is_bit_exact_with_colocated(tiny_tokenizer, worker_url, tmp_path):
         assert torch.equal(a["rewards"], b["rewards"])
         assert torch.equal(a["engine"], b["engine"]), f"step {t}: different behaviour log-probs"
         assert b["versions"].tolist() == [t] * len(b["versions"])
+    from helpers.moved import assert_moved
+
+    fresh = GRPOModule(run_config(None), tokenizer=tiny_tokenizer).policy  # the same seed-0 initial weights
+    assert_moved(fresh, server.policy, server.trainer.optimizers[0], "the k = 0 server run")
     for (name, p), (_, q) in zip(colocated.policy.named_parameters(), server.policy.named_parameters()):
         assert torch.equal(p, q), f"{name} differs after {STEPS} steps"
-    assert any(not torch.equal(p, q) for p, q in zip(colocated.policy.parameters(),
-                                                      GRPOModule(run_config(None), tokenizer=tiny_tokenizer)
-                                                      .policy.parameters())), "nothing was trained"
 
 
 @pytest.mark.parametrize("speed", ["slow", "fast"])
@@ -211,3 +216,21 @@ def test_a_resumed_run_regenerates_what_was_in_flight_with_the_resumed_version(t
     trainer.fit(resumed, datamodule=data, ckpt_path=str(ckpt))
     assert resumed.rollout_step == 4
     assert [set(s["versions"].tolist()) for s in rec2.steps] == [{2}, {2}]  # regenerated, then one step stale
+
+
+def test_a_second_run_on_a_busy_worker_is_refused_and_the_first_goes_on(tiny_tokenizer, worker_url, tmp_path):
+    from arlopti.rollout.server_client import WorkerError
+    from arlopti.rollout.server_rollouts import ServerRollouts
+
+    cfg = run_config(0, worker_url)
+    policy = GRPOModule(cfg, tokenizer=tiny_tokenizer).policy
+    first = ServerRollouts.start(MODEL, cfg.rollout, policy, tiny_tokenizer, 4, tmp_path / "a" / "rollout_workers")
+    try:
+        with pytest.raises(WorkerError, match=r"it serves another run, .*a \(rank 0, pid \d+ on .*\), whose trainer "
+                                              r"is alive"):
+            ServerRollouts.start(MODEL, cfg.rollout, policy, tiny_tokenizer, 4, tmp_path / "b" / "rollout_workers")
+        first._sync(policy, 0, [1, 2, 3])  # the first run still syncs, and its worker agrees with it (check_sync)
+    finally:
+        first.close()
+    second = ServerRollouts.start(MODEL, cfg.rollout, policy, tiny_tokenizer, 4, tmp_path / "b" / "rollout_workers")
+    second.close()  # once the first run is gone, the worker is free

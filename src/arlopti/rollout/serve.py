@@ -91,24 +91,58 @@ def _parent_gone(parent_pid: int) -> bool:
     return os.getppid() != parent_pid
 
 
-def die_with_parent() -> None:
-    """In a child before it runs: the kernel sends it SIGKILL when its parent dies, even by SIGKILL
-    (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing), so the vLLM server never outlives this
-    supervisor and no worker process is orphaned."""
-    import ctypes
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A ``preexec_fn``: the kernel sends the child ``sig`` when its parent dies, even by SIGKILL (Linux
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing). SIGTERM lets vLLM's server shut its engine down."""
+    def arm() -> None:
+        import ctypes
 
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(sig))  # 1 = PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    return arm
+
+
+#: The sentinel (a child of the supervisor, in its process group): when the supervisor dies without
+#: stopping the server (kill -9), the kernel's parent-death SIGTERM wakes it; after ``grace`` seconds for
+#: the server's own shutdown it kills whatever is left of the group (vLLM's engine core and its helpers,
+#: which the server's own parent-death signal does not reach). A SIGTERM sent to the whole group while
+#: the supervisor lives (a normal stop) is left to the supervisor.
+SENTINEL = """
+import os, signal, sys, time
+pgid, grace, parent = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+def on_term(signum, frame):
+    if os.getppid() == parent:
+        return
+    time.sleep(grace)
+    os.killpg(pgid, signal.SIGKILL)
+signal.signal(signal.SIGTERM, on_term)
+if os.getppid() != parent:
+    on_term(0, None)
+while True:
+    signal.pause()
+"""
+
+
+def start_sentinel(grace_s: float = 5.0) -> subprocess.Popen | None:
+    """The group's sentinel (:data:`SENTINEL`); only where this supervisor leads its process group (spawned
+    by the trainer, or a shell's job), so that nothing outside the worker is killed."""
+    if os.getpgid(0) != os.getpid():
+        return None
+    return subprocess.Popen([sys.executable, "-c", SENTINEL, str(os.getpid()), str(grace_s), str(os.getpid())],
+                            preexec_fn=die_with_parent(signal.SIGTERM))
 
 
 def supervise(argv: list[str], env: dict, parent_pid: int | None, cpus: str | None = None) -> int:
-    """Run the server until it exits, a signal arrives, or the parent (trainer) is gone; the server is
-    killed by the kernel if this supervisor dies first (:func:`die_with_parent`)."""
+    """Run the server until it exits, a signal arrives, or the parent (trainer) is gone. If this supervisor
+    dies first (even by SIGKILL), the server gets SIGTERM from the kernel and the group's sentinel kills
+    what is left of it (:func:`start_sentinel`): no process of the worker outlives it."""
     if cpus:
         argv = ["taskset", "-c", str(cpus), *argv]
-    child = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)
+    sentinel = start_sentinel()
+    child = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent(signal.SIGTERM))
     stop = threading.Event()
 
     def on_signal(signum, frame):  # noqa: ARG001
@@ -127,6 +161,8 @@ def supervise(argv: list[str], env: dict, parent_pid: int | None, cpus: str | No
             child.wait(timeout=10)
         except subprocess.TimeoutExpired:
             child.kill()
+    if sentinel is not None:
+        sentinel.kill()
     return child.returncode or 0
 
 
