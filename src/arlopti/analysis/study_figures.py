@@ -1,4 +1,5 @@
-"""The study's figures (small PNGs): reward curves with CI bands, paired differences, mechanism by bucket."""
+"""The study's figures (small PNGs, 128 colours): reward curves with CI bands, paired differences,
+mechanism by bucket."""
 
 from __future__ import annotations
 
@@ -98,6 +99,14 @@ def plot_mechanism(table: dict, mech: dict | None, caption: str = ""):
 
 
 def save(fig, path) -> str:
-    fig.savefig(path, dpi=DPI)
+    """Write ``fig`` as a PNG of at most 128 colours (a third of the size, for docs/figures/study/)."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
     plt.close(fig)
+    buf.seek(0)
+    Image.open(buf).convert("RGB").quantize(colors=128, method=Image.Quantize.MEDIANCUT).save(path, optimize=True)
     return str(path)

@@ -1,4 +1,6 @@
-"""The toy study's folder: ``study.json`` (every number), ``tables.md`` and the three figures.
+"""The toy study's folder: ``study.json`` (every number), ``summary.json`` (the same without the
+per-run rewards, floats at 4 significant digits: the copy docs/figures/study/ keeps), ``tables.md``
+and the three figures.
 
 Reads each run's ``steps.jsonl`` and each seed's ``mechanism/seed<s>.json`` back from the folder, so the
 report can be rebuilt from the files alone (tests/analysis/test_study.py checks it against the runs'
@@ -42,6 +44,17 @@ def recorded_seconds(out: Path, methods: list[str], seeds: list[int]) -> dict:
             "mechanism_with_a_time": sum(x is not None for x in mech), "mechanism_s": sum(x for x in mech if x)}
 
 
+def _rounded(x):
+    """``x`` with every float at 4 significant digits."""
+    if isinstance(x, float):
+        return float(f"{x:.4g}")
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_rounded(v) for v in x]
+    return x
+
+
 def read_rows(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
 
@@ -75,6 +88,8 @@ def write_toy_report(out: Path, methods: list[str], seeds: list[int], sizes, arg
              "load_avg_1_5_15_at_end": list(os.getloadavg()), "cpu_count": os.cpu_count(), "files": files,
              "code": code_version()}
     (out / "study.json").write_text(json.dumps(study, indent=1, default=str) + "\n")
+    compact = {k: v for k, v in study.items() if k != "per_run"}  # the copy docs/figures/study/ keeps
+    (out / "summary.json").write_text(json.dumps(_rounded(compact), separators=(",", ":"), default=str) + "\n")
     md = [f"# Study, controlled setting\n\n{caption}\n\nCommand: `{command}`\n",
           "## Learning (paired over seeds)\n", learning_markdown(learning, args.threshold),
           "\n## In training: Fig. 3 by bucket, pooled over each run's steps\n", in_training_markdown(learning)]
