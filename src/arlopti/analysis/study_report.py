@@ -20,6 +20,10 @@ from arlopti.analysis.study_tables import (in_training_markdown, learning_markdo
                                            mechanism_table, method_table, run_summary)
 
 
+#: The methods every other one is paired against (when they are in the study).
+BASELINES = ("grpo", "ar_lopti")
+
+
 def code_version() -> dict:
     """The checkout's commit and the source files modified beside it (the code the runs ran), or {}."""
     import subprocess
@@ -69,7 +73,7 @@ def _caption(sizes, seeds: list[int], args) -> str:
 def write_toy_report(out: Path, methods: list[str], seeds: list[int], sizes, args, timings: dict) -> dict:
     runs = {m: {s: run_summary(read_rows(out / "runs" / m / f"seed{s}"), args.threshold, args.final_window)
                 for s in seeds} for m in methods}
-    learning = method_table(runs, seeds)
+    learning = method_table(runs, seeds, BASELINES)
     mech_files = [out / "mechanism" / f"seed{s}.json" for s in seeds]
     per_seed = [json.loads(f.read_text()) for f in mech_files if f.exists()]
     mechanism = mechanism_table(per_seed) if len(per_seed) == len(seeds) else None
@@ -91,8 +95,10 @@ def write_toy_report(out: Path, methods: list[str], seeds: list[int], sizes, arg
     compact = {k: v for k, v in study.items() if k != "per_run"}  # the copy docs/figures/study/ keeps
     (out / "summary.json").write_text(json.dumps(_rounded(compact), separators=(",", ":"), default=str) + "\n")
     md = [f"# Study, controlled setting\n\n{caption}\n\nCommand: `{command}`\n",
-          "## Learning (paired over seeds)\n", learning_markdown(learning, args.threshold),
-          "\n## In training: Fig. 3 by bucket, pooled over each run's steps\n", in_training_markdown(learning)]
+          "## Learning (paired over seeds)\n", learning_markdown(learning, args.threshold)]
+    if "ar_lopti" in learning:
+        md += ["\n## Learning, paired against AR + Lopti\n", learning_markdown(learning, args.threshold, "ar_lopti")]
+    md += ["\n## In training: Fig. 3 by bucket, pooled over each run's steps\n", in_training_markdown(learning)]
     if mechanism is not None:
         md += ["\n## First step from the same weights (compare-methods on each seed's first batch)\n",
                mechanism_markdown(mechanism)]

@@ -48,10 +48,10 @@ def run_summary(rows: list[dict], threshold: float, final_window: int = 5, thres
             "in_training": per_bucket}
 
 
-def method_table(runs: dict[str, dict[int, dict]], seeds: list[int], baseline: str = "grpo") -> dict:
-    """``{method: {...}}`` from ``runs[method][seed]`` = :func:`run_summary` (module docstring)."""
+def method_table(runs: dict[str, dict[int, dict]], seeds: list[int], baselines: tuple[str, ...] = ("grpo",)) -> dict:
+    """``{method: {...}}`` from ``runs[method][seed]`` = :func:`run_summary` (module docstring); the paired
+    comparisons against each of ``baselines`` present in ``runs`` (``vs_<baseline>``)."""
     out = {}
-    base = runs[baseline]
     for method, by_seed in runs.items():
         rs = [by_seed[s] for s in seeds]
         entry = {"final": mean_ci([r["final"] for r in rs]), "auc": mean_ci([r["auc"] for r in rs]),
@@ -60,11 +60,13 @@ def method_table(runs: dict[str, dict[int, dict]], seeds: list[int], baseline: s
                  "curve": curve_bands([r["rewards"] for r in rs]),
                  "in_training": {k: {BUCKET_NAMES[b]: mean_ci([r["in_training"][k][b] for r in rs])
                                      for b in range(NUM_BUCKETS)} for k in rs[0]["in_training"]}}
-        if method != baseline:
-            entry["vs_" + baseline] = {key: paired([r[key] for r in rs], [base[s][key] for s in seeds])
-                                       for key in ("final", "auc", "steps_to_threshold")}
-            entry["vs_" + baseline]["top_pos_rose"] = paired([r["in_training"]["pos_rose"][-1] for r in rs],
-                                                             [base[s]["in_training"]["pos_rose"][-1] for s in seeds])
+        for baseline in (b for b in baselines if b in runs and b != method):
+            base = runs[baseline]
+            vs = {key: paired([r[key] for r in rs], [base[s][key] for s in seeds])
+                  for key in ("final", "auc", "steps_to_threshold")}
+            vs["top_pos_rose"] = paired([r["in_training"]["pos_rose"][-1] for r in rs],
+                                        [base[s]["in_training"]["pos_rose"][-1] for s in seeds])
+            entry["vs_" + baseline] = vs
         out[method] = entry
     return out
 
@@ -94,6 +96,8 @@ def learning_markdown(table: dict, threshold: float, baseline: str = "grpo") -> 
     for m, e in table.items():
         v = e.get("vs_" + baseline)
         steps = f"{_ci(e['steps_to_threshold'], '{:.1f}')} ({e['reached']}/{e['seeds']})"
+        if v is None and m != baseline:
+            continue
         if v is None:
             lines.append(f"| {m} | {_ci(e['final'])} | – | – | – | – | {steps} | – |")
             continue
