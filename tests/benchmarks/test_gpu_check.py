@@ -26,7 +26,7 @@ def test_the_header_states_the_run_command_carry_list_and_timeout_and_the_parts_
     parts = [int(t) for t in re.findall(r"^part \w+ (\d+) ", text, flags=re.M)]
     fsdp = re.search(r'^part fsdp "\$\(\[\[ -n "\$DRY" \]\] && echo \d+ \|\| echo (\d+)\)"', text, flags=re.M)
     total = sum(parts) + int(fsdp.group(1))
-    assert total + 60 <= timeout <= 8 * 60, (parts, total, timeout)  # setup margin; under 8 minutes
+    assert total + 60 <= timeout <= 10 * 60, (parts, total, timeout)  # setup margin; the device's 10 min a command
     assert "/.gpu_check/" in (REPO / ".gitignore").read_text()
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
 
