@@ -144,8 +144,23 @@ def run_isolated(file: str | Path, func: str, kwargs: dict[str, Any], timeout_s:
     return json.loads(lines[-1][len(RESULT_MARK):])
 
 
+#: The CPU features the kernels depend on, as /proc/cpuinfo names them: fp32 and int SIMD width
+#: (AVX2, AVX-512), native bf16 dot products (AVX512-BF16) and Intel's matrix tiles (AMX).
+CPU_FLAGS = {"AVX2": "avx2", "AVX-512": "avx512f", "AVX512-BF16": "avx512_bf16", "AMX-BF16": "amx_bf16"}
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Which of :data:`CPU_FLAGS` this CPU has (all False where /proc/cpuinfo is unreadable)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = set(next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), []))
+    except OSError:
+        have = set()
+    return {name: flag in have for name, flag in CPU_FLAGS.items()}
+
+
 def machine_info() -> dict[str, Any]:
-    """What the numbers depend on: CPU, core count, load, torch version and thread count."""
+    """What the numbers depend on: CPU and its flags, core count, load, torch version and thread count."""
     import torch
 
     cpu = platform.processor()
@@ -154,9 +169,41 @@ def machine_info() -> dict[str, Any]:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_1_5_15": list(os.getloadavg()),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu, "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
+            "load_avg_1_5_15": list(os.getloadavg()), "torch": torch.__version__,
+            "torch_kernels": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
             "python": platform.python_version()}
+
+
+def gemm_rate(n: int, dtype, reps: int) -> float:
+    """Best FLOP/s of ``a @ b`` for ``n × n`` matrices of ``dtype`` (2·n³ FLOPs per product), after one
+    untimed product, with torch's current thread count."""
+    import torch
+
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def read_bandwidth(mib: int, reps: int) -> float:
+    """Best bytes/s of ``x.sum()`` over an fp32 tensor of ``mib`` MiB (make it far larger than the
+    last-level cache), after one untimed pass, with torch's current thread count: the rate at which
+    the cores stream memory they only read, as a decoding step reads its weights."""
+    import torch
+
+    x = torch.ones(mib * 2**20 // 4)
+    x.sum()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    return x.numel() * 4 / best
 
 
 def format_table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:

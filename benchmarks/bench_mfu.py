@@ -33,27 +33,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import warnings
 
-from _common import bench_datamodule, fit_steps, fixed_length_engine, format_table, write_json
+from _common import bench_datamodule, fit_steps, fixed_length_engine, format_table, gemm_rate, write_json
 
 GROUP = 4
 MODEL = "smollm2-135m-instruct"
-
-
-def gemm_peak(n: int, dtype, reps: int) -> float:
-    """Best FLOP/s of ``a @ b`` for ``n × n`` matrices of ``dtype`` (2·n³ FLOPs per product)."""
-    import torch
-
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b  # warm-up
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
 
 
 def run_precision(precision: str, args, tok, peaks: dict) -> tuple[dict, str | None]:
@@ -133,8 +118,8 @@ def main(argv=None) -> int:
     from arlopti.models.loading import load_tokenizer
 
     tok = load_tokenizer(MODEL)
-    peaks = {"bf16": gemm_peak(args.gemm, torch.bfloat16, args.gemm_reps),
-             "fp32": gemm_peak(args.gemm, torch.float32, args.gemm_reps)}
+    peaks = {"bf16": gemm_rate(args.gemm, torch.bfloat16, args.gemm_reps),
+             "fp32": gemm_rate(args.gemm, torch.float32, args.gemm_reps)}
     print(f"GEMM {args.gemm}^3 best of {args.gemm_reps}: bf16 {peaks['bf16'] / 1e9:.2f} GFLOP/s, "
           f"fp32 {peaks['fp32'] / 1e9:.1f} GFLOP/s", flush=True)
     rows, profiles = [], {}

@@ -6,12 +6,14 @@
 default (8 prompts x n=8 x 128 tokens) about 10.
 
 Both engines get the same chat-formatted prompts (8, or 4 with ``--quick``), ``n`` samples each
-at T = 0.7 with per-sample seeds (the training path), bf16 weights, and generate **exactly**
-``max_new_tokens`` tokens per response: EOS is suppressed on both sides (HF: ``min_new_tokens``
-injected into the HF engine's ``generate`` call; vLLM: ``min_tokens`` on every request), and the
-script checks every response has that length. The HF engine is :class:`arlopti.rollout.hf.HFEngine`
-(one batched ``generate`` of all P·n rows, KV cache, our Gumbel sampler); the vLLM engine is
-:class:`arlopti.rollout.vllm.VLLMEngine` (in-process, eager unless ``--compiled``).
+at T = 0.7 with per-sample seeds (the training path), weights in ``--dtype`` (default ``auto``:
+bf16 where the CPU has native bf16, AVX512-BF16 or AMX, else fp32, as ``trainer.precision=auto``
+picks; :mod:`arlopti.utils.precision`), and generate **exactly** ``max_new_tokens`` tokens per
+response: EOS is suppressed on both sides (HF: ``HFEngine(min_new_tokens=...)``; vLLM:
+``min_tokens`` on every request), and the script checks every response has that length. The HF
+engine is :class:`arlopti.rollout.hf.HFEngine` (one batched call of all P·n rows, its default
+decoder, our Gumbel sampler); the vLLM engine is :class:`arlopti.rollout.vllm.VLLMEngine`
+(in-process, eager unless ``--compiled``).
 
 Timing: one warm-up call each (not counted), then ``--repeats`` (>= 5) rounds in one process,
 alternating which engine goes first (``_common.interleaved_order``: HF vLLM, vLLM HF, ...);
@@ -53,6 +55,8 @@ def parse_args(argv=None):
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: all CPUs)")
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="weights of both engines (auto: bf16 where the CPU has native bf16, else fp32)")
     ap.add_argument("--compiled", action="store_true", help="vLLM with torch.compile (slow start) instead of eager")
     ap.add_argument("--out", default="bench_rollout.json", help="file name under benchmarks/out/")
     a = ap.parse_args(argv)
@@ -63,17 +67,6 @@ def parse_args(argv=None):
     if not 1 <= a.prompts <= len(PROMPTS):
         ap.error(f"--prompts must lie in [1, {len(PROMPTS)}]")
     return a
-
-
-def force_length(hf_model, length: int) -> None:
-    """Make every ``generate`` on ``hf_model`` produce exactly ``length`` tokens (EOS suppressed)."""
-    original = hf_model.generate
-
-    def generate(*args, **kwargs):
-        kwargs["min_new_tokens"] = length
-        return original(*args, **kwargs)
-
-    hf_model.generate = generate
 
 
 def timed(engine, prompts, n, sampling, length):
@@ -99,21 +92,24 @@ def main(argv=None) -> dict:
     from arlopti.rollout.engine import SamplingConfig
     from arlopti.rollout.hf import HFEngine
     from arlopti.rollout.vllm import VLLMEngine
+    from arlopti.utils.precision import native_bf16
 
-    path = smollm2_local_path("bfloat16")
+    native, why = native_bf16("cpu")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if native else "float32")
+    print(f"dtype {dtype}" + (f" (auto: {why})" if args.dtype == "auto" else ""), flush=True)
+    path = smollm2_local_path()  # the bf16 conversion, loaded in `dtype` (as training loads it)
     tok = AutoTokenizer.from_pretrained(path)
     tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=True)
                for p in PROMPTS[:args.prompts]]
     prompts = [list(p["input_ids"]) if hasattr(p, "keys") else list(p) for p in prompts]
     L = args.max_new_tokens
     sampling = SamplingConfig(temperature=0.7, max_new_tokens=L, seed=1234)
 
-    hf = HFEngine(model, tok, generation_batch_size=len(prompts) * args.n)
-    force_length(model, L)
+    hf = HFEngine(model, tok, generation_batch_size=len(prompts) * args.n, min_new_tokens=L)
     t0 = time.perf_counter()
-    cfg = RolloutConfig(backend="vllm", dtype="bfloat16", max_new_tokens=L, enforce_eager=not args.compiled,
+    cfg = RolloutConfig(backend="vllm", dtype=dtype, max_new_tokens=L, enforce_eager=not args.compiled,
                         max_model_len=max(len(p) for p in prompts) + L + 16)
     vl = VLLMEngine.from_policy(model, tok, cfg)
     build_s = time.perf_counter() - t0
@@ -142,7 +138,7 @@ def main(argv=None) -> dict:
     ratio = statistics.median(r["ratio"] for r in rounds)
     faster = "vllm" if ratio > 1 else "hf"
     result = {
-        "model": "SmolLM2-135M-Instruct", "dtype": "bfloat16", "prompts": len(prompts), "n": args.n,
+        "model": "SmolLM2-135M-Instruct", "dtype": dtype, "hf_decoder": hf.decoder, "prompts": len(prompts), "n": args.n,
         "max_new_tokens": L, "tokens_per_call": len(prompts) * args.n * L, "temperature": 0.7,
         "vllm_mode": "compiled" if args.compiled else "eager", "repeats": args.repeats,
         "torch_threads_after_vllm_init": threads_after, "vllm_build_s": build_s,
@@ -150,8 +146,8 @@ def main(argv=None) -> dict:
     }
     print()
     print(f"{len(prompts)} prompts x n={args.n} x {L} tokens = {len(prompts) * args.n * L} tokens per call, "
-          f"T=0.7, bf16; median of {args.repeats} alternating rounds")
-    rows = [{"engine": "HF generate (HFEngine)", "median tok/s": med["hf"], "min": spread["hf"][0],
+          f"T=0.7, {dtype}; median of {args.repeats} alternating rounds")
+    rows = [{"engine": f"HF (HFEngine, decoder={hf.decoder})", "median tok/s": med["hf"], "min": spread["hf"][0],
              "max": spread["hf"][1]},
             {"engine": f"vLLM ({result['vllm_mode']})", "median tok/s": med["vllm"], "min": spread["vllm"][0],
              "max": spread["vllm"][1]}]

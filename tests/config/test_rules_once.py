@@ -81,7 +81,7 @@ STATED_ONCE = {
     "no dual-clip; set algorithm.dual_clip=null": "config/rules.py",
     "(offload weights)": None,  # the vLLM engine re-checked rollout.sleep_level: the schema does
     "must lie in (0, 1]": None,  # ... and rollout.gpu_memory_utilization
-    "our KV-cached loop over the model's forward": "rollout/hf.py",
+    "step over a preallocated KV cache": "rollout/hf.py",
     "token masking (IcePop): tokens with w_t outside": "algorithms/mismatch.py",
     "def linear_warmup_multiplier": "learner/optim.py",
     "every response would be penalised": "config/rules.py",

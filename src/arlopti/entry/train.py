@@ -135,6 +135,16 @@ def attach_rollout_callback(trainer: L.Trainer, group_size: int, task_options: d
     trainer.callbacks.insert(at, RolloutCallback(group_size=group_size, task_kwargs=dict(task_options), env=env))
 
 
+def trainer_precision(trainer_cfg: DictConfig) -> str:
+    """``trainer.precision`` with ``auto`` resolved (:mod:`arlopti.utils.precision`); the choice is logged."""
+    from arlopti.utils.precision import resolve_precision
+
+    precision, why = resolve_precision(trainer_cfg.get("precision", "32-true"), trainer_cfg.get("accelerator"))
+    if why is not None:
+        log.info("trainer.precision=auto: %s, because %s", precision, why)
+    return precision
+
+
 def build(cfg: DictConfig, ckpt: str | None = None):
     """Everything but the fit: (trainer, module, datamodule). ``ckpt`` (the checkpoint this run
     resumes from) is checked against the run config before any model loads."""
@@ -151,7 +161,8 @@ def build(cfg: DictConfig, ckpt: str | None = None):
         if hasattr(cb, "check_writable"):
             cb.check_writable()
     loggers = instantiate_dict(cfg.get("logger"))
-    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False,
+                                      precision=trainer_precision(cfg.trainer))
     from arlopti.entry.cluster import check_multirun_ranks
 
     check_multirun_ranks(trainer)  # a sweep's job cannot start ranks itself

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
+from arlopti.rollout.kv_decode import KVDecoder, unsupported_reason
 from arlopti.rollout.seeds import sample_seed
 from arlopti.utils.fsdp_unshard import unsharded_for_generate
 
@@ -108,13 +109,46 @@ def gumbel_noise(keys: Tensor, vocab_offsets: Tensor) -> Tensor:
     as a float32 uniform cuts it. The value for ``(r, t, v)`` never depends on other rows, the
     batch, or how many draws came before: that makes a response reproducible on its own.
     """
-    x = keys.unsqueeze(1) + vocab_offsets.unsqueeze(0)
+    return _gumbel_of(keys.unsqueeze(1) + vocab_offsets.unsqueeze(0))
+
+
+def _gumbel_of(x: Tensor) -> Tensor:
+    """``−log(−log u)`` of :func:`gumbel_noise` for the int32 counters ``x = key + v·0x9E3779B9``
+    (any shape; ``x`` is overwritten)."""
     _xorshift_right(x, 16, 32).mul_(_signed(_FMIX32_1, 32))
     _xorshift_right(x, 13, 32).mul_(_signed(_FMIX32_2, 32))
     _xorshift_right(x, 16, 32)
     m = torch.bitwise_right_shift(x, 32 - _UNIFORM_BITS).bitwise_and_((1 << _UNIFORM_BITS) - 1)
     u = m.to(torch.float32).add_(0.5).mul_(2.0 ** -_UNIFORM_BITS)
     return u.log_().neg_().log_().neg_()
+
+
+#: Every value of :func:`gumbel_noise` lies in ``[−log(−log 2⁻²⁴), −log(−log(1 − 2⁻²⁴))] ≈
+#: [−2.81, 16.64]``, a span of 19.45; with a margin for the fp32 rounding of ``z + g``:
+_GUMBEL_SPAN = 20.0
+
+
+def gumbel_argmax(z: Tensor, keys: Tensor, vocab_offsets: Tensor) -> Tensor:
+    """``(gumbel_noise(keys, vocab_offsets) + z).argmax(-1)``, hashing only the entries that can win.
+
+    An entry more than :data:`_GUMBEL_SPAN` below its row's largest ``z`` cannot win: its noise is at
+    most 16.64 and the row's arg-max entry's at least −2.81. So the noise is hashed only at the
+    entries within the span (``nonzero``, row-major), with the same counters, so the same values;
+    each row's winner is the first (lowest-index) candidate holding the row's largest ``z + g``, as
+    ``argmax`` picks. Exactly the dense result (tested); faster where a row's logits are peaked, as
+    a language model's are. A row whose largest ``z`` is not finite (NaN), or a batch where more than
+    a quarter of the entries are candidates, takes the dense path.
+    """
+    batch, vocab = z.shape
+    top = z.max(-1, keepdim=True).values
+    if bool(torch.isfinite(top).all()):
+        rows, cols = (z >= top - _GUMBEL_SPAN).nonzero(as_tuple=True)
+        if rows.numel() <= batch * vocab // 4:
+            vals = z[rows, cols] + _gumbel_of(keys[rows] + vocab_offsets[cols])
+            best = vals.new_full((batch,), float("-inf")).scatter_reduce_(0, rows, vals, "amax")
+            hit = vals == best[rows]
+            return cols.new_full((batch,), vocab).scatter_reduce_(0, rows[hit], cols[hit], "amin")
+    return (gumbel_noise(keys, vocab_offsets) + z).argmax(-1)
 
 
 def vocab_offsets(vocab: int, device) -> Tensor:
@@ -139,9 +173,12 @@ class _GumbelSampler:
 
     def noise(self, vocab: int) -> Tensor:
         """Gumbel noise ``[B, vocab]`` of the current step (does not advance the step)."""
-        if self._offsets is None or self._offsets.shape[0] != vocab:
-            self._offsets = vocab_offsets(vocab, self.seeds.device)
-        return gumbel_noise(row_step_keys(self.seeds, self.step), self._offsets)
+        return gumbel_noise(row_step_keys(self.seeds, self.step), self._vocab_offsets(vocab, self.seeds.device))
+
+    def _vocab_offsets(self, vocab: int, device) -> Tensor:
+        if self._offsets is None or self._offsets.shape[0] != vocab or self._offsets.device != device:
+            self._offsets = vocab_offsets(vocab, device)
+        return self._offsets
 
     def choose(self, scores: Tensor) -> Tensor:
         """The sampled token ``[B]`` of this decoding step for raw logits ``scores [B, V]``."""
@@ -151,7 +188,8 @@ class _GumbelSampler:
             choice = z.argmax(-1)
         else:
             z = filter_logits(scores, s.temperature, s.top_k, s.top_p)
-            choice = (self.noise(z.shape[-1]).to(z.device) + z).argmax(-1)  # + Gumbel(0, 1) noise
+            keys = row_step_keys(self.seeds, self.step).to(z.device)
+            choice = gumbel_argmax(z, keys, self._vocab_offsets(z.shape[-1], z.device))
         self.step += 1
         if s.logprobs:
             self.logprobs.append(torch.log_softmax(z, -1).gather(-1, choice[:, None]).squeeze(-1))
@@ -173,8 +211,37 @@ def _takes_logits_to_keep(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(inner.forward).parameters
 
 
+class _ForwardStepper:
+    """Decoding steps through the model's own forward and ``DynamicCache`` (``rollout.hf_decoder=forward``,
+    and the fallback of ``loop`` for models :mod:`arlopti.rollout.kv_decode` does not run)."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.keep = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+        self.cache = None
+
+    def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **self.keep)
+        self.cache = out.past_key_values
+        return out.logits
+
+    def step(self, tokens: Tensor, pos: Tensor, mask: Tensor) -> Tensor:
+        out = self.model(input_ids=tokens, attention_mask=mask, position_ids=pos, past_key_values=self.cache,
+                         use_cache=True, **self.keep)
+        self.cache = out.past_key_values
+        return out.logits
+
+
+def stepper_for(model: nn.Module, capacity: int, decoder: str = "loop"):
+    """The decoding steps :func:`decode` runs: :class:`~arlopti.rollout.kv_decode.KVDecoder` under
+    ``loop`` where it supports the model, else the model's forward (:class:`_ForwardStepper`)."""
+    if decoder == "loop" and unsupported_reason(model) is None:
+        return KVDecoder(model, capacity)
+    return _ForwardStepper(model)
+
+
 def decode(model: nn.Module, ids: Tensor, mask: Tensor, sampler: _GumbelSampler, max_new_tokens: int,
-           eos_ids: list[int], pad: int, min_new_tokens: int = 0) -> Tensor:
+           eos_ids: list[int], pad: int, min_new_tokens: int = 0, stepper=None) -> Tensor:
     """Sample up to ``max_new_tokens`` tokens after left-padded prompts ``ids``/``mask [B, S]``.
 
     Returns the new tokens ``[B, n]``, ``n ≤ max_new_tokens``: a row that emitted an EOS holds
@@ -182,24 +249,24 @@ def decode(model: nn.Module, ids: Tensor, mask: Tensor, sampler: _GumbelSampler,
     ``generate(do_sample=False, logits_processor=[sampler])`` does for a decoder-only model, step
     for step — positions ``cumsum(mask) − 1`` (0 on padding), one prefill then one KV-cached
     forward per token, the last position's logits in fp32, EOS banned for the first
-    ``min_new_tokens`` tokens (the generation config's), finished rows fed ``pad`` — without
-    ``generate``'s per-step bookkeeping (input preparation, mask re-derivation, processor and
-    stopping-criteria lists), a fixed cost per decoding step that weighs on small models
-    (measured in ``benchmarks/bench_hf_sampling.py``, ``after`` vs ``hashed``). Unlike
-    ``generate`` it applies no other logits processor from the model's generation config
-    (repetition penalty and the like): the tokens are sampled from the policy the learner trains,
-    which is what the rollout log-probs assume.
+    ``min_new_tokens`` tokens, finished rows fed ``pad`` — without ``generate``'s per-step
+    bookkeeping (input preparation, mask re-derivation, processor and stopping-criteria lists),
+    a fixed cost per decoding step that weighs on small models (``benchmarks/bench_decode.py``).
+    ``stepper`` runs the forwards (default :func:`stepper_for`: the direct KV-cache step where the
+    model allows it; the same logits either way). Unlike ``generate`` it applies no other logits
+    processor from the model's generation config (repetition penalty and the like): the tokens are
+    sampled from the policy the learner trains, which is what the rollout log-probs assume.
     """
     batch = ids.shape[0]
-    keep = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+    stepper = stepper or stepper_for(model, ids.shape[1] + max_new_tokens)
     pos = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, **keep)
+    logits = stepper.prefill(ids, mask, pos)
     eos = torch.tensor(eos_ids, dtype=torch.long, device=ids.device)
     alive = torch.ones(batch, dtype=torch.bool, device=ids.device)
     step_pos = pos[:, -1:]
     tokens: list[Tensor] = []
     for t in range(max_new_tokens):
-        logits = out.logits[:, -1, :].to(dtype=torch.float32, copy=True)
+        logits = logits[:, -1, :].float()  # the last forward's own output: masked in place below
         if t < min_new_tokens:
             logits[:, eos] = float("-inf")
         choice = torch.where(alive, sampler.choose(logits), pad)
@@ -209,8 +276,7 @@ def decode(model: nn.Module, ids: Tensor, mask: Tensor, sampler: _GumbelSampler,
             break
         mask = torch.cat([mask, mask.new_ones(batch, 1)], 1)
         step_pos = step_pos + 1
-        out = model(input_ids=choice[:, None], attention_mask=mask, position_ids=step_pos,
-                    past_key_values=out.past_key_values, use_cache=True, **keep)
+        logits = stepper.step(choice[:, None], step_pos, mask)
     return torch.stack(tokens, 1)
 
 
@@ -220,22 +286,26 @@ def _fsdp_unsharded(module: nn.Module):
 
 
 #: ``rollout.hf_decoder``'s choices (the config reads them here): how the HF engine decodes, the
-#: same tokens either way (tested). ``loop`` is :func:`decode`; ``generate`` passes the sampler as
-#: generate()'s logits processor.
-DECODERS = {"loop": "our KV-cached loop over the model's forward, without generate()'s per-step overhead; "
-                    "requests with stop strings use generate()",
+#: same tokens either way (tested). ``loop`` and ``forward`` are :func:`decode` with either stepper;
+#: ``generate`` passes the sampler as generate()'s logits processor.
+DECODERS = {"loop": "our loop; Llama/Qwen2 decoders step over a preallocated KV cache (arlopti.rollout.kv_decode), "
+                    "other models through their forward; requests with stop strings use generate()",
+            "forward": "our loop over the model's own forward and DynamicCache (the loop before issue 36)",
             "generate": "transformers' generate()"}
 
 
 class HFEngine(RolloutEngine):
     """Sampling on the live policy. ``policy`` is a ``PolicyLM`` (or any module with ``.hf``).
 
-    ``decoder="loop"`` (default) decodes with :func:`decode`; ``"generate"`` with HF ``generate``.
-    Both run the same model calls and sampler and give the same tokens; stop strings, which need
-    detokenising every step, always go through ``generate``."""
+    ``decoder`` (:data:`DECODERS`): ``"loop"`` (default) and ``"forward"`` decode with :func:`decode`,
+    ``"generate"`` with HF ``generate``; all three run the same arithmetic and sampler and give the
+    same tokens; stop strings, which need detokenising every step, always go through ``generate``.
+    ``min_new_tokens``: every response is at least this long (EOS is banned before), under every
+    decoder; None takes the model's ``generation_config.min_new_tokens``."""
 
     def __init__(self, policy: nn.Module, tokenizer, generation_batch_size: int = 64,
-                 autocast_dtype: torch.dtype | None = None, decoder: str = "loop"):
+                 autocast_dtype: torch.dtype | None = None, decoder: str = "loop",
+                 min_new_tokens: int | None = None):
         super().__init__()
         if decoder not in DECODERS:
             raise ValueError(f"rollout.hf_decoder={decoder!r}: choose one of {sorted(DECODERS)}")
@@ -244,6 +314,7 @@ class HFEngine(RolloutEngine):
         self.generation_batch_size = generation_batch_size
         self.autocast_dtype = autocast_dtype
         self.decoder = decoder
+        self.min_new_tokens = min_new_tokens
 
     @property
     def hf(self) -> nn.Module:
@@ -295,14 +366,20 @@ class HFEngine(RolloutEngine):
         amp = (torch.autocast(device_type=device.type, dtype=self.autocast_dtype)
                if self.autocast_dtype is not None else contextlib.nullcontext())
         with amp:
-            if self.decoder == "loop" and not sampling.stop:
+            if self.decoder != "generate" and not sampling.stop:
+                stepper = stepper_for(self.hf, width + sampling.max_new_tokens, self.decoder)
                 new = decode(self.hf, ids, mask, sampler, sampling.max_new_tokens, sorted(eos_set), pad,
-                             self.hf.generation_config.min_new_tokens or 0).tolist()
+                             self._min_new_tokens(), stepper).tolist()
             else:
                 new = self._hf_generate(ids, mask, pad, eos, sampler, sampling)[:, width:].tolist()
         lps = torch.stack(sampler.logprobs, 1).tolist() if sampling.logprobs and sampler.logprobs else None
         return [self._completion(seq, lps[r] if lps is not None else None, eos_set, pad, sampling)
                 for r, seq in enumerate(new)]
+
+    def _min_new_tokens(self) -> int:
+        if self.min_new_tokens is not None:
+            return self.min_new_tokens
+        return self.hf.generation_config.min_new_tokens or 0
 
     def _hf_generate(self, ids: Tensor, mask: Tensor, pad: int, eos, sampler: _GumbelSampler,
                      sampling: SamplingConfig) -> Tensor:
@@ -312,6 +389,7 @@ class HFEngine(RolloutEngine):
             input_ids=ids, attention_mask=mask, max_new_tokens=sampling.max_new_tokens, do_sample=False,
             logits_processor=LogitsProcessorList([sampler]), pad_token_id=pad, eos_token_id=eos,
             use_cache=True, num_beams=1, temperature=None, top_p=None, top_k=None,
+            min_new_tokens=self._min_new_tokens(),
         )
         if sampling.stop:
             kwargs.update(stop_strings=list(sampling.stop), tokenizer=self.tokenizer)
