@@ -45,7 +45,6 @@ no memory or rate verdicts), for tests/benchmarks/test_gpu_check_scale.py. Last 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
@@ -392,8 +391,6 @@ def learner_stage(args, name, shape, config, tok, device, lopti: bool, rec: dict
 
 def run_size(args, name: str, shape: mp.Shape, tok, device: str, budget: Budget, peaks: dict) -> None:
     """The stages of one size, in order; the policy lives from the GRPO fit to the end of decoding."""
-    import torch
-
     scale = 1.0 if args.dry_run else shape.params / mp.MODELS["3b"].params
     rec = REPORT["sizes"].setdefault(name, {"params": shape.params, "config": config_dict(shape)})
     config = load_config(name, shape, None if args.dry_run else args.configs)
@@ -401,18 +398,7 @@ def run_size(args, name: str, shape: mp.Shape, tok, device: str, budget: Budget,
                    lambda: learner_stage(args, name, shape, config, tok, device, False, rec, peaks))
     write_report(args)
     if module is not None:
-        engine = stage(f"{name}/engine_copy", budget, RESERVE_S["sync"] * scale,
-                       lambda: build_model(config, torch.bfloat16, device).eval())
-        if engine is not None:
-            rec["sync"] = stage(f"{name}/sync", budget, RESERVE_S["sync"] * scale,
-                                lambda: time_sync(module.policy, engine, device))
-            decode = [stage(f"{name}/decode_b{b}", budget, RESERVE_S["decode"] * scale,
-                            lambda b=b: time_decode(engine, tok, shape, b, args.decode_tokens,
-                                                    peaks["hbm_read_gb_per_s"], device))
-                      for b in args.decode_batches]
-            rec["decode"] = [d for d in decode if d is not None]
-            step_share(rec, args)
-        del engine
+        engine_stages(args, name, shape, config, tok, device, budget, peaks, rec, module.policy, scale)
     del module
     free(device)
     write_report(args)
@@ -420,6 +406,23 @@ def run_size(args, name: str, shape: mp.Shape, tok, device: str, budget: Budget,
           lambda: learner_stage(args, name, shape, config, tok, device, True, rec, peaks))
     free(device)
     write_report(args)
+
+
+def engine_stages(args, name, shape, config, tok, device, budget, peaks, rec, policy, scale) -> None:
+    """A second bf16 copy of the model (an engine's weights): the sync into it, then decoding on it."""
+    import torch
+
+    engine = stage(f"{name}/engine_copy", budget, RESERVE_S["sync"] * scale,
+                   lambda: build_model(config, torch.bfloat16, device).eval())
+    if engine is None:
+        return
+    rec["sync"] = stage(f"{name}/sync", budget, RESERVE_S["sync"] * scale, lambda: time_sync(policy, engine, device))
+    decode = [stage(f"{name}/decode_b{b}", budget, RESERVE_S["decode"] * scale,
+                    lambda b=b: time_decode(engine, tok, shape, b, args.decode_tokens, peaks["hbm_read_gb_per_s"],
+                                            device))
+              for b in args.decode_batches]
+    rec["decode"] = [d for d in decode if d is not None]
+    step_share(rec, args)
 
 
 def step_share(rec: dict, args) -> None:
