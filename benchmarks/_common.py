@@ -125,14 +125,24 @@ def summarise(samples: Sequence[float]) -> dict[str, float]:
             "n": len(samples)}
 
 
+#: The benchmarks' smoke tests (tests/benchmarks/test_smoke.py) set this: :func:`run_isolated` then calls
+#: the function in this process (its result still goes through JSON), so that a script runs at its
+#: smallest size without an interpreter start per sample. Its memory figures then mean nothing, and
+#: the smoke runs measure nothing.
+IN_PROCESS = False
+
+
 def run_isolated(file: str | Path, func: str, kwargs: dict[str, Any], timeout_s: float = 3600,
                  env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``func(**kwargs)`` from ``file`` in a fresh Python process and return its dict.
 
     The child uses this interpreter and inherits the environment (plus ``env``). A non-zero
     exit, a timeout or a missing result line raises ``RuntimeError`` carrying the child's
-    stderr tail, so a crashed configuration is never reported as a number.
+    stderr tail, so a crashed configuration is never reported as a number. Under
+    :data:`IN_PROCESS`, the same call in this process (torch's thread count and ``env`` restored after).
     """
+    if IN_PROCESS:
+        return _call_here(file, func, kwargs, env or {})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--call", f"{Path(file).resolve()}:{func}",
            "--kwargs", json.dumps(kwargs)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO,
@@ -142,6 +152,35 @@ def run_isolated(file: str | Path, func: str, kwargs: dict[str, Any], timeout_s:
         raise RuntimeError(f"isolated run {func}({kwargs}) failed with exit code {proc.returncode}:\n"
                            f"{proc.stderr[-3000:]}")
     return json.loads(lines[-1][len(RESULT_MARK):])
+
+
+def _call_here(file: str | Path, func: str, kwargs: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """:func:`run_isolated` under :data:`IN_PROCESS`: the child's call, in this process."""
+    import torch
+
+    threads, saved = torch.get_num_threads(), {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        result = getattr(_load_file(file), func)(**json.loads(json.dumps(kwargs)))
+    finally:
+        torch.set_num_threads(threads)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return json.loads(json.dumps(result))
+
+
+def _load_file(file: str | Path):
+    """Import ``file`` as a module of its own (what the child does), once per file."""
+    name = f"_bench_child_{Path(file).stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up here
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 #: The CPU features the kernels depend on, as /proc/cpuinfo names them: fp32 and int SIMD width
@@ -341,12 +380,7 @@ def _child_main(argv: list[str]) -> None:
     parser.add_argument("--kwargs", default="{}")
     args = parser.parse_args(argv)
     file, func = args.call.rsplit(":", 1)
-    name = f"_bench_child_{Path(file).stem}"
-    spec = importlib.util.spec_from_file_location(name, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    result = getattr(module, func)(**json.loads(args.kwargs))
+    result = getattr(_load_file(file), func)(**json.loads(args.kwargs))
     print(RESULT_MARK + json.dumps(result), flush=True)
 
 

@@ -32,8 +32,10 @@ ratio of medians against ``colocated``. Run it under the shared CPU lock, whole:
 
     flock /tmp/arlopti-cpu.lock .venv/bin/python benchmarks/bench_async.py --rounds 5 --steps 2 --skip 1
 
-(40 min on 2 cores, benchmarks/RESULTS.md); ``--rounds 1 --steps 3`` is a dry run. Output: a markdown table on stdout and
-``benchmarks/out/bench_async.json`` (``benchmarks/async_model.py`` reads it).
+(40 min on 2 cores, benchmarks/RESULTS.md); ``--rounds 1 --steps 3`` is a dry run. ``--smoke`` runs the
+workload once on the tiny model with the HF engine (configuration ``smoke``: no vLLM, 8 tokens, 2 steps),
+which checks the overrides, the log lines and the CSV it reads, and measures nothing. Output: a markdown
+table on stdout and ``benchmarks/out/bench_async.json`` (``benchmarks/async_model.py`` reads it).
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from _common import OUT_DIR, REPO, interleaved_order, write_json
+import _common
+from _common import REPO, interleaved_order, write_json
 
 MODEL = "smollm2-135m-instruct"
 #: The workload (module docstring), on top of experiment=kk_grpo.
@@ -70,6 +73,10 @@ CONFIGS: dict[str, tuple[str, dict[str, str], list[str]]] = {
                         ["rollout.placement=server", f"rollout.async.max_staleness={k}", "rollout.server.cpus=1"])
        for k in (0, 1, 2)},
 }
+#: --smoke's configuration: the workload on the tiny model and the HF engine, on both cores.
+SMOKE = ("0,1", {}, ["model=tiny", "rollout.backend=hf", "rollout.max_new_tokens=8", "data.max_prompt_length=4096",
+                     "data.train_count_per_n=4",
+                     "data.val_count_per_n=1"])
 METRICS = {"rollout_s": "timing/rollout_s", "update_s": "timing/update_s", "logprobs_s": "timing/logprobs_s",
            "sync_s": "timing/sync_s",
            "response_len": "rollout/response_len_mean"}
@@ -108,15 +115,14 @@ def steady_metrics(metrics_csv: Path, skip: int) -> dict[str, float | None]:
 
 def run_config(name: str, steps: int, skip: int, run_dir: Path, timeout_s: float) -> dict:
     """One ``train.py`` subprocess of configuration ``name``; its steady step time and metrics."""
-    cpus, env, extra = CONFIGS[name]
+    cpus, env, extra = SMOKE if name == "smoke" else CONFIGS[name]
     cmd = ["taskset", "-c", cpus, sys.executable, "train.py", *WORKLOAD, *extra, f"rollout_steps={steps}",
            f"hydra.run.dir={run_dir}"]
     start, t0 = time.time(), time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=timeout_s)
+    code, stderr = launch(cmd, env, timeout_s)
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    if code != 0:
+        raise RuntimeError(f"{name} failed (exit {code}): {' '.join(cmd)}\n{stderr[-3000:]}")
     times = step_times((run_dir / "train.log").read_text())
     step_s = steady_step_s(times, skip)
     return {"config": name, "step_s": step_s, "steps_per_hour": 3600.0 / step_s, "wall_s": wall,
@@ -124,10 +130,16 @@ def run_config(name: str, steps: int, skip: int, run_dir: Path, timeout_s: float
             **steady_metrics(run_dir / "csv" / "metrics.csv", skip)}
 
 
+def launch(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str]:
+    """Run one ``train.py`` command line from the repository root: (exit status, stderr)."""
+    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout_s)
+    return proc.returncode, proc.stderr
+
+
 def summarise(samples: list[dict]) -> list[dict]:
     """Per configuration: medians over rounds of every number, and the ratios against colocated."""
     rows = []
-    for name in CONFIGS:
+    for name in [*CONFIGS, "smoke"]:
         mine = [s for s in samples if s["config"] == name]
         if not mine:
             continue
@@ -159,20 +171,23 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5, help="each configuration runs once per round")
     p.add_argument("--steps", type=int, default=2, help="rollout steps per run")
     p.add_argument("--skip", type=int, default=1, help="steps not counted (pipeline fill); must be < --steps")
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
-    p.add_argument("--out", default="bench_async.json")
+    p.add_argument("--smoke", action="store_true", help="one run of the tiny model with the HF engine: measures nothing")
+    p.add_argument("--out", default="bench_async.json", help="file name under benchmarks/out/ (or a path)")
     args = p.parse_args(argv)
+    if args.smoke:
+        args.configs, args.rounds, args.steps, args.skip = "smoke", 1, 2, 1
     names = [c for c in args.configs.split(",") if c]
-    unknown = set(names) - set(CONFIGS)
+    unknown = set(names) - set(CONFIGS) - ({"smoke"} if args.smoke else set())
     if unknown or args.skip >= args.steps or args.skip < 1:
         p.error(f"unknown configs {sorted(unknown)} or --skip {args.skip} not in [1, --steps)")
-    runs = OUT_DIR / "bench_async_runs" / time.strftime("%Y%m%d-%H%M%S")
+    runs = Path(_common.OUT_DIR) / "bench_async_runs" / time.strftime("%Y%m%d-%H%M%S")
     samples: list[dict] = []
     order = list(interleaved_order(names, args.rounds))
     for i, name in enumerate(order):
@@ -188,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "steps": args.steps, "skip": args.skip, "samples": samples, "summary": rows})
     print(markdown(rows))
     print(f"wrote {path}")
+    return {"samples": samples, "summary": rows}
 
 
 if __name__ == "__main__":

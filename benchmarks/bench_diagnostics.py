@@ -1,6 +1,7 @@
 """Overhead of ``TokenDiagnosticsCallback`` on a real training step (SmolLM2-135M-Instruct, CPU).
 
     python benchmarks/bench_diagnostics.py [--quick] [--prompts 4 --group-size 4 --max-new-tokens 96]
+    python benchmarks/bench_diagnostics.py --smoke    # the tiny model, one step per mode: measures nothing
 
 One batch of K&K rollouts is sampled once (HF engine) and then replayed as the experience of every
 step, so every step trains on the same batch (the rollout itself is timed once and reported
@@ -89,9 +90,9 @@ def build(args):
     cfg = RunConfig(algorithm=AlgorithmConfig(),
                     sizes=SizesConfig(prompts_per_step=args.prompts, group_size=args.group_size, mini_batch_size=n,
                                       micro_batch_size=args.micro_batch, logprob_micro_batch_size=args.logprob_micro_batch),
-                    optim=OptimConfig(lr=1e-6), model=ModelConfig(name_or_path="smollm2-135m-instruct"),
+                    optim=OptimConfig(lr=1e-6), model=ModelConfig(name_or_path=args.model),
                     rollout=RolloutConfig(temperature=0.7, max_new_tokens=args.max_new_tokens))
-    loaded = load_policy("smollm2-135m-instruct", args.cold_start_steps)
+    loaded = load_policy(args.model, args.cold_start_steps)
     t0 = time.perf_counter()
     batch = sample_kk_batch(loaded, args.prompts, args.group_size, args.max_new_tokens, 0.7, seed=0)
     rollout_s = time.perf_counter() - t0
@@ -150,7 +151,7 @@ def run(args) -> dict:
     }
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 prompts x 4, 48 tokens, 5 repeats")
     p.add_argument("--prompts", type=int, default=4)
@@ -163,10 +164,16 @@ def main() -> None:
     p.add_argument("--cold-start-steps", type=int, default=0,
                    help="sample from the cached SFT-warmed model (timings do not depend on the rewards)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="bench_diagnostics.json", help="file name under benchmarks/out/")
-    args = p.parse_args()
+    p.add_argument("--model", default="smollm2-135m-instruct", help="or tiny (the random test model)")
+    p.add_argument("--smoke", action="store_true",
+                   help="the tiny model, 1 prompt x 2, 4 tokens, one timed step per mode: a check that it runs")
+    p.add_argument("--out", default="bench_diagnostics.json", help="file name under benchmarks/out/ (or a path)")
+    args = p.parse_args(argv)
     if args.quick:
         args.prompts, args.max_new_tokens = 2, 48
+    if args.smoke:
+        args.model, args.prompts, args.group_size, args.max_new_tokens, args.repeats = "tiny", 1, 2, 4, 1
+        args.micro_batch, args.logprob_micro_batch = 2, 2
     res = run(args)
     rows = [{"mode": m, "median step s": res["step_s"][m]["median"], "min": res["step_s"][m]["min"],
              "max": res["step_s"][m]["max"], "n": res["step_s"][m]["n"],
@@ -184,6 +191,7 @@ def main() -> None:
           f"step-to-step noise of 'off' (median abs. deviation): {noise:.2f}% of a step")
     path = write_json(args.out, res)
     print(f"wrote {path}")
+    return res
 
 
 if __name__ == "__main__":

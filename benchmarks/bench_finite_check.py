@@ -1,6 +1,7 @@
 """Cost of the post-step weight finiteness check on SmolLM2-135M-Instruct (CPU, fp32).
 
     python benchmarks/bench_finite_check.py [--repeats 7] [--batch 2] [--tokens 128]
+    python benchmarks/bench_finite_check.py --smoke    # the tiny model, one round: measures nothing
 
 After every optimizer step the learner checks that the updated parameters are finite
 (:func:`arlopti.learner.guard.tensors_finite`, then ``bool()``; on CPU one sum per tensor, a
@@ -30,26 +31,28 @@ import torch
 from _common import summarise, write_json
 
 
-def main() -> None:
+def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default="bench_finite_check.json")
-    args = ap.parse_args()
-    if args.repeats < 5:
-        raise SystemExit("--repeats must be >= 5")
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="or tiny (the random test model)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny model, 1 x 8 tokens, one round: a check that it runs")
+    ap.add_argument("--out", default="bench_finite_check.json", help="file name under benchmarks/out/ (or a path)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.batch, args.tokens, args.repeats = "tiny", 1, 8, 1
+    elif args.repeats < 5:
+        ap.error("--repeats must be >= 5")
     torch.set_num_threads(args.threads)
-
-    from transformers import AutoModelForCausalLM
 
     from arlopti.config import OptimConfig
     from arlopti.learner.guard import tensors_finite
     from arlopti.learner.optim import build_optimizer
-    from arlopti.models.loading import smollm2_local_path
+    from arlopti.models.loading import load_causal_lm, load_tokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_local_path()), dtype=torch.float32)
+    model = load_causal_lm(args.model, load_tokenizer(args.model), dtype="float32")
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
@@ -89,7 +92,7 @@ def main() -> None:
         "check_over_update": med["check"] / med["update"], "check_over_opt_step": med["check"] / med["opt_step"],
     }
     path = write_json(args.out, result)
-    print(f"SmolLM2-135M-Instruct, {n_params:,} trainable parameters (fp32), batch {args.batch} x {args.tokens} "
+    print(f"{args.model}, {n_params:,} trainable parameters (fp32), batch {args.batch} x {args.tokens} "
           f"tokens, {args.threads} threads, n = {args.repeats} alternating")
     print(f"  update (fwd+bwd+clip+AdamW.step): median {med['update'] * 1e3:9.1f} ms")
     print(f"  of which AdamW.step():            median {med['opt_step'] * 1e3:9.1f} ms")
@@ -97,6 +100,7 @@ def main() -> None:
     print(f"  check / update = {result['check_over_update']:.2%}; check / AdamW.step = "
           f"{result['check_over_opt_step']:.2%}")
     print(f"wrote {path}")
+    return result
 
 
 if __name__ == "__main__":

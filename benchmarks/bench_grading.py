@@ -1,6 +1,7 @@
 """Math grading throughput, and the no-zombie check over many gradings with timeouts.
 
     python benchmarks/bench_grading.py [--quick] [--workers 2] [--out benchmarks/out/bench_grading.json]
+    python benchmarks/bench_grading.py --smoke    # 20 responses, 100 gradings, 1 worker: measures nothing
 
 Part 1 - throughput on a synthetic mixed batch of 1,000 responses (about 35% correct,
 25% wrong, 20% symbolically equivalent, 15% without a box, 5% adversarial), every response
@@ -23,7 +24,6 @@ Timings are wall-clock on whatever this machine has; the number of CPUs is print
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -32,6 +32,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+from _common import write_json  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from arlopti.tasks.math import MathGrader
 from arlopti.tasks.math.extract import last_boxed
 
@@ -138,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="300-response batch and 1,000 zombie-check gradings")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=3.0, help="grader timeout for part 1")
+    ap.add_argument("--smoke", action="store_true", help="20 responses and 100 zombie-check gradings, 1 worker")
     ap.add_argument("--out", type=Path, default=REPO / "benchmarks" / "out" / "bench_grading.json")
     args = ap.parse_args(argv)
-    n = 300 if args.quick else 1000
-    gradings = 1000 if args.quick else 10_000
+    n = 20 if args.smoke else 300 if args.quick else 1000
+    gradings = 100 if args.smoke else 1000 if args.quick else 10_000
+    if args.smoke:
+        args.workers, args.timeout = 1, 1.0
 
     responses, golds, adversarial = mixed_batch(n)
     safe = [i for i, a in enumerate(adversarial) if not a]
@@ -174,15 +178,14 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "cpus": os.cpu_count(), "workers": args.workers, "timeout_s": args.timeout, "quick": args.quick,
+        "smoke": args.smoke,
         "throughput": [{"mode": m, "responses": c, "seconds": round(s, 3), "responses_per_s": round(r, 1)}
                        for m, c, s, r in rows],
         "speedup_vs_naive_non_adversarial": round(ratio, 2), "reward_agreement_with_naive": round(agree, 4),
         "full_mix_how": dict(Counter(d.how for d in details)), "pool_stats_part1": stats,
         "zombie_check": zombies,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_json(str(args.out), report)}")
     return 0 if zombies["ok"] else 1
 
 

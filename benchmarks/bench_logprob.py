@@ -27,6 +27,7 @@ Usage:
   python benchmarks/bench_logprob.py                  # small + big (the big case takes long)
   python benchmarks/bench_logprob.py --cases small --sweep   # also time fused tile sizes
   python benchmarks/bench_logprob.py --cases small --profile # torch.profiler of one fused step
+  python benchmarks/bench_logprob.py --smoke          # toy shapes, 1 sample each: measures nothing (the CI test)
 Output: a table on stdout and ``benchmarks/out/bench_logprob.json``.
 """
 
@@ -63,6 +64,10 @@ CASES = {
 QUICK_CASES = {
     "small": Case("small-quick", 1024, 256, 16384, 5),
     "big": Case("big-quick", 4096, 256, 65536, 5),
+}
+SMOKE_CASES = {
+    "small": Case("small-smoke", 64, 32, 512, 1),
+    "big": Case("big-smoke", 128, 32, 1024, 1),
 }
 
 
@@ -287,6 +292,7 @@ def profile_fused(case: Case, temperature: float, row_limit: int = 15) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="scaled-down shapes (a minute or two)")
+    ap.add_argument("--smoke", action="store_true", help="toy shapes, one sample each: a check that it runs")
     ap.add_argument("--cases", default="small,big", help="comma list of: small, big")
     ap.add_argument("--impls", default="naive,fused,trl", help="comma list of: naive, fused, trl")
     ap.add_argument("--repeats", type=int, default=None,
@@ -297,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default="bench_logprob.json", help="file name under benchmarks/out/")
     args = ap.parse_args(argv)
 
-    table = QUICK_CASES if args.quick else CASES
+    table = SMOKE_CASES if args.smoke else QUICK_CASES if args.quick else CASES
     names = [c.strip() for c in args.cases.split(",") if c.strip()]
     for c in names:
         if c not in table:

@@ -189,13 +189,13 @@ def learner_part(args, out: dict) -> None:
     rows = [{"config": n, **{k: round(v, 3) for k, v in m.items()}, "trainable": samples[n][0]["trainable"],
              "reference copy": samples[n][0]["has_ref_copy"], "checkpointed": samples[n][0]["checkpointed"]}
             for n, m in med.items()]
-    ratios = {f"{n}_over_{base}": {k: med[n][k] / med[base][k] for k in keys}
+    ratios = {f"{n}_over_{base}": {k: med[n][k] / med[base][k] if med[base][k] else None for k in keys}
               for n, base in (("lora_r16", "full"), ("lora_r16_auto", "full"), ("lora_r16_auto", "full_ckpt"),
                               ("lora_r16_auto", "lora_r16"), ("full_ckpt", "full")) if n in med and base in med}
     out.update(learner=samples, learner_median=med, learner_ratios=ratios)
     print(format_table(rows, ["config", *keys, "trainable", "reference copy", "checkpointed"]))
     for name, r in ratios.items():
-        print(f"{name}:", {k: round(v, 3) for k, v in r.items()})
+        print(f"{name}:", {k: None if v is None else round(v, 3) for k, v in r.items()})
 
 
 def vllm_part(args, out: dict) -> None:

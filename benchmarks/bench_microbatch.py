@@ -19,6 +19,7 @@ budget, budget, fixed, ...; 1 untimed warm-up step per fit).
 Usage:
   python benchmarks/bench_microbatch.py --quick
   python benchmarks/bench_microbatch.py
+  python benchmarks/bench_microbatch.py --smoke    # the smallest size, measuring nothing (the CI test)
 Output: a table on stdout and ``benchmarks/out/bench_microbatch.json``.
 """
 
@@ -46,7 +47,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest size (4 responses of 8-24 tokens, hidden 32 x 1 layer, 1 fit of 1 step each)")
+    ap.add_argument("--out", default="bench_microbatch.json", help="file name under benchmarks/out/ (or a path)")
     args = ap.parse_args(argv)
+    min_len, max_len = MIN_LEN, MAX_LEN
+    if args.smoke:
+        args.responses, args.rounds, args.steps, args.hidden, args.layers, args.mbs = 4, 1, 1, 32, 1, 2
+        min_len, max_len = 8, 24
     n = args.responses or (16 if args.quick else 32)
     rounds = args.rounds or (1 if args.quick else 2)
     steps = args.steps or (2 if args.quick else 3)
@@ -67,7 +75,7 @@ def main(argv=None) -> int:
         # prompt length P of the batches (all prompts tokenise alike up to the index digits)
         p_len = max(len(tok(f"Zoey said that Oliver is a knight {i}. Is Oliver a knight or a knave?")["input_ids"])
                     for i in range(prompts * (steps + 1)))
-        budget_tokens = args.mbs * (p_len + MAX_LEN)
+        budget_tokens = args.mbs * (p_len + max_len)
         sizes = dict(prompts_per_step=prompts, group_size=GROUP, mini_batch_size=n, logprob_micro_batch_size=8)
         if name == "fixed":
             sizes["micro_batch_size"] = args.mbs
@@ -75,10 +83,10 @@ def main(argv=None) -> int:
             sizes.update(micro_batch_size=1, micro_batch_tokens=budget_tokens)
         cfg = RunConfig(algorithm=AlgorithmConfig(kl_coef=0.0), optim=OptimConfig(lr=1e-6),
                         sizes=SizesConfig(**sizes), model=ModelConfig(name_or_path="tiny", tiny=_tiny(args)),
-                        rollout=RolloutConfig(temperature=1.0, max_new_tokens=MAX_LEN))
+                        rollout=RolloutConfig(temperature=1.0, max_new_tokens=max_len))
         module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps + 1)
         module.rollout_engine = fixed_length_engine(
-            tok, lambda i, j: random.Random(f"len/{i}/{j}").randint(MIN_LEN, MAX_LEN))
+            tok, lambda i, j: random.Random(f"len/{i}/{j}").randint(min_len, max_len))
         out = fit_steps(module, dm, GROUP)
         samples[name] += out[1:]
         print(f"  {name}: update {[round(m['timing/update_s'], 2) for m in out[1:]]} s, valid frac "
@@ -93,12 +101,12 @@ def main(argv=None) -> int:
                          "n": len(ms)}
         rows.append({"config": name, **summary[name]})
     ratios = {"update_time_budget_over_fixed": summary["budget"]["update_s"] / summary["fixed"]["update_s"]}
-    print(f"{n} responses of {MIN_LEN}-{MAX_LEN} tokens; fixed micro_batch_size={args.mbs}; "
+    print(f"{n} responses of {min_len}-{max_len} tokens; fixed micro_batch_size={args.mbs}; "
           f"budget micro_batch_tokens={budget_tokens}; tiny Qwen2 hidden {args.hidden} x {args.layers}")
     print(format_table(rows, ["config", "update_s", "valid_token_frac", "micro_batches", "n"]))
     for k, v in ratios.items():
         print(f"{k}: {v:.3f}")
-    path = write_json("bench_microbatch.json", {"summary": summary, "ratios": ratios, "budget": budget_tokens,
+    path = write_json(args.out, {"summary": summary, "ratios": ratios, "budget": budget_tokens,
                                                 "responses": n, "fixed_mbs": args.mbs})
     print(f"wrote {path}")
     return 0

@@ -21,6 +21,7 @@ length) only doubles it.
 Usage (each size can run in its own invocation; results merge into one JSON):
   python benchmarks/bench_scaling.py --sizes 128x8,256x8            # L x G pairs
   python benchmarks/bench_scaling.py --plot                         # fit + PNG from the JSON
+  python benchmarks/bench_scaling.py --smoke                        # the tiny model at 8x2: measures nothing
 Output: ``benchmarks/out/bench_scaling.json``; ``--plot`` writes ``benchmarks/bench_scaling.png``.
 """
 
@@ -34,7 +35,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from _common import OUT_DIR, bench_datamodule, fit_steps, fixed_length_engine, format_table, max_rss_bytes, \
+import _common
+from _common import bench_datamodule, fit_steps, fixed_length_engine, format_table, max_rss_bytes, \
     run_isolated, write_json
 
 MODEL = "smollm2-135m-instruct"
@@ -45,7 +47,7 @@ GROUPS, GROUP_LENGTH = (4, 8, 16), 256
 MIB = 2**20
 
 
-def run_size(length: int, group: int, warmup: int, steps: int) -> dict:
+def run_size(length: int, group: int, warmup: int, steps: int, model: str = MODEL) -> dict:
     """Child: ``warmup + steps`` updates at response length ``length`` and group size ``group``."""
     warnings.filterwarnings("ignore")
     import torch
@@ -55,11 +57,11 @@ def run_size(length: int, group: int, warmup: int, steps: int) -> dict:
     from arlopti.models.loading import load_tokenizer
 
     torch.set_num_threads(2)
-    tok = load_tokenizer(MODEL)
+    tok = load_tokenizer(model)
     cfg = RunConfig(algorithm=AlgorithmConfig(kl_coef=0.04), optim=OptimConfig(lr=1e-6),
                     sizes=SizesConfig(prompts_per_step=1, group_size=group, mini_batch_size=group,
-                                      micro_batch_size=4, logprob_micro_batch_size=4),
-                    model=ModelConfig(name_or_path=MODEL, logprob_impl="fused"),
+                                      micro_batch_size=min(4, group), logprob_micro_batch_size=4),
+                    model=ModelConfig(name_or_path=model, logprob_impl="fused"),
                     rollout=RolloutConfig(temperature=1.0, max_new_tokens=length))
     module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=warmup + steps)
     module.rollout_engine = fixed_length_engine(tok, lambda i, j: length)
@@ -79,8 +81,8 @@ def run_size(length: int, group: int, warmup: int, steps: int) -> dict:
             "peak_rss_delta": max_rss_bytes() - base, "flops": flops, "params": n_params}
 
 
-def _load() -> dict:
-    path = OUT_DIR / JSON_NAME
+def _load(name: str = JSON_NAME) -> dict:
+    path = _common.OUT_DIR / name  # read now: the smoke tests point it elsewhere
     return json.loads(path.read_text()).get("sizes", {}) if path.exists() else {}
 
 
@@ -99,8 +101,8 @@ def _row(r: dict) -> dict:
             "attn_flop_share": f["attention"] / sum(f.values()), "n": len(r["update_s"])}
 
 
-def report(make_plot: bool) -> int:
-    sizes = _load()
+def report(make_plot: bool, json_name: str = JSON_NAME) -> int:
+    sizes = _load(json_name)
     rows = sorted((_row(r) for r in sizes.values()), key=lambda r: (r["G"], r["L"]))
     print(format_table(rows, ["L", "G", "resp_tokens", "time_s", "ms_per_resp_token", "peak_rss_delta_mib",
                               "attn_flop_share", "n"]))
@@ -138,7 +140,7 @@ def report(make_plot: bool) -> int:
         fig.tight_layout()
         fig.savefig(PNG, dpi=100)
         print(f"wrote {PNG}")
-    write_json(JSON_NAME, {"sizes": sizes, "fits": fits})
+    write_json(json_name, {"sizes": sizes, "fits": fits})
     return 0
 
 
@@ -149,9 +151,14 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--plot", action="store_true", help="only fit and plot what the JSON holds")
+    ap.add_argument("--model", default=MODEL, help="smollm2-135m-instruct, or tiny (the random test model)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny model at 8x2, no warm-up, 1 step: measures nothing")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.sizes, args.warmup, args.steps = "tiny", "8x2", 0, 1
+    name = "bench_scaling_smoke.json" if args.smoke else JSON_NAME  # never merged into the real sweep
     if args.plot:
-        return report(True)
+        return report(True, name)
     if args.sizes:
         todo = [tuple(int(x) for x in s.lower().split("x")) for s in args.sizes.split(",")]
     else:
@@ -159,13 +166,13 @@ def main(argv=None) -> int:
     here = Path(__file__).resolve()
     for length, group in todo:
         res = run_isolated(here, run_size.__name__, {"length": length, "group": group, "warmup": args.warmup,
-                                                     "steps": args.steps}, timeout_s=3600)
-        sizes = _load()
+                                                     "steps": args.steps, "model": args.model}, timeout_s=3600)
+        sizes = _load(name)
         sizes[f"{length}x{group}"] = res
-        write_json(JSON_NAME, {"sizes": sizes})
+        write_json(name, {"sizes": sizes})
         print(f"L={length} G={group}: ref log-probs {res['logprobs_s']} s, update {res['update_s']} s, "
               f"peak RSS +{res['peak_rss_delta'] / MIB:.0f} MiB", flush=True)
-    return report(False)
+    return report(False, name)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ Usage:
   python benchmarks/bench_step.py --quick     # 1 round x 2 timed steps per side, ~1.5 min on 2 cores
   python benchmarks/bench_step.py             # 3 rounds x 3 timed steps per side
   python benchmarks/bench_step.py --model smollm2-135m-instruct --completion-len 256 --no-lopti --rounds 3 --steps 2
-Output: a table on stdout and ``benchmarks/out/bench_step.json``.
+  python benchmarks/bench_step.py --smoke --sides ours   # the smallest size, measuring nothing (the CI test)
+Output: a table on stdout and ``benchmarks/out/bench_step.json`` (``--out``: a name there, or a path).
 """
 
 from __future__ import annotations
@@ -389,7 +390,7 @@ def _configs(args) -> dict[str, tuple[str, dict]]:
     if not args.no_lopti:
         configs["ours_lopti"] = (ours, {"lopti": True})
         configs["trl_iter2"] = (trl, {"num_iterations": 2})
-    return configs
+    return {k: v for k, v in configs.items() if k.split("_")[0] in args.sides}
 
 
 def _profile(args, model_dir: str, info: dict) -> None:
@@ -431,13 +432,16 @@ def _summarise(res: dict[str, list[dict]]) -> tuple[dict, dict]:
         if "timing" in outs[0]:  # our learner's own timers, median over processes
             summary[name]["timing"] = {k: statistics.median(o["timing"][k] for o in outs) for k in outs[0]["timing"]}
     time_of = {k: v["median_step_s"] for k, v in summary.items()}
-    ratios = {"grpo_time_ours_over_trl": time_of["ours_grpo"] / time_of["trl_grpo"],
-              "grpo_peak_rss_ours_over_trl": summary["ours_grpo"]["peak_rss_mib"] / summary["trl_grpo"]["peak_rss_mib"],
-              "grpo_peak_rss_delta_ours_over_trl": (summary["ours_grpo"]["peak_rss_delta_mib"]
-                                                    / summary["trl_grpo"]["peak_rss_delta_mib"])}
+    ratios = {}
+    if "trl_grpo" in time_of:
+        ratios = {"grpo_time_ours_over_trl": time_of["ours_grpo"] / time_of["trl_grpo"],
+                  "grpo_peak_rss_ours_over_trl": (summary["ours_grpo"]["peak_rss_mib"]
+                                                  / summary["trl_grpo"]["peak_rss_mib"]),
+                  "grpo_peak_rss_delta_ours_over_trl": (summary["ours_grpo"]["peak_rss_delta_mib"]
+                                                        / summary["trl_grpo"]["peak_rss_delta_mib"])}
     if "ours_grpo_generate" in time_of:
         ratios["grpo_time_loop_over_generate_decoder"] = time_of["ours_grpo"] / time_of["ours_grpo_generate"]
-    if "ours_lopti" in time_of:
+    if "ours_lopti" in time_of and "trl_iter2" in time_of:
         ratios["lopti_time_ours_over_trl_iter2"] = time_of["ours_lopti"] / time_of["trl_iter2"]
         ratios["lopti_peak_rss_ours_over_trl_iter2"] = (summary["ours_lopti"]["peak_rss_mib"]
                                                         / summary["trl_iter2"]["peak_rss_mib"])
@@ -460,8 +464,16 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="only profile one GRPO step of each side (torch.profiler, after 1 warm-up step); "
                          "print the top ops and write benchmarks/out/bench_step_profile.json")
-    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/out/")
+    ap.add_argument("--sides", default="ours,trl", help="ours, trl or both (TRL: the bench extra)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the smallest size (tiny model 32 x 2, 4-token completions, 1 round x 1 step): runs, measures nothing")
+    ap.add_argument("--out", default=None, help="JSON file name under benchmarks/out/ (or a path)")
     args = ap.parse_args(argv)
+    args.sides = [s for s in args.sides.split(",") if s]
+    if not args.sides or set(args.sides) - {"ours", "trl"}:
+        ap.error(f"--sides {','.join(args.sides)!r}: use ours, trl or ours,trl")
+    if args.smoke:
+        args.model, args.hidden, args.layers, args.completion_len, args.rounds, args.steps = "tiny", 32, 2, 4, 1, 1
     rounds = args.rounds or (1 if args.quick else 3)
     steps = args.steps or (2 if args.quick else 3)
     with tempfile.TemporaryDirectory() as tmp:
@@ -473,7 +485,7 @@ def main(argv=None) -> int:
             return 0
         res = _timed_runs(args, model_dir, rounds, steps)
         loss = (run_isolated(Path(__file__).resolve(), "check_loss", {"model_dir": model_dir}, timeout_s=900)
-                if args.check_loss and args.model == "tiny" else None)
+                if args.check_loss and args.model == "tiny" and "trl" in args.sides else None)
     summary, ratios = _summarise(res)
     print(format_table([{"config": k, **v} for k, v in summary.items()],
                        ["config", "median_step_s", "n", "peak_rss_mib", "peak_rss_delta_mib", "optimizer_steps"]))

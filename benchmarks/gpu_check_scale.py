@@ -30,8 +30,9 @@ Measured in this run, per size (stages, each PASS / FAIL / SKIP with its numbers
 * ``decode``: the HF engine (``rollout.hf``, its default decoder) on that bf16 copy, ``--decode-tokens``
   tokens per response (EOS banned) at batch ``--decode-batches``: ms per decoding step, tokens/s, and
   the HBM limit of a step, (weight bytes + the KV cache read at the mean context) / the HBM rate;
-* ``lopti``: the same steps with Lopti (eta 0.5, the paper's): the Lopti / GRPO ratio of the update
-  and of the update phase (update + log-prob passes).
+* ``lopti``: the same steps with Lopti, eta = 1/V: a random model's p_old sits around 1/V, so both phases
+  hold tokens (``low_token_frac``; the paper's 0.5 would put every token in the low phase and skip the
+  high one); the Lopti / GRPO ratio of the update and of the update phase (update + log-prob passes).
 
 First, ``configs``: every carried config.json (``--configs``) is read back and compared with its
 shape (parameter count included), on the device and in the dry run. Time: ``--budget-s`` (default
@@ -209,12 +210,12 @@ def learner_class(config, device: str):
     return FromConfig
 
 
-def run_cfg(args, lopti: bool):
+def run_cfg(args, lopti: bool, vocab: int):
     from arlopti.config import (AlgorithmConfig, LoptiConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig,
                                 SizesConfig)
 
     n = args.prompts * args.group
-    return RunConfig(algorithm=AlgorithmConfig(kl_coef=0.001, lopti=LoptiConfig(enabled=lopti, eta=0.5)),
+    return RunConfig(algorithm=AlgorithmConfig(kl_coef=0.001, lopti=LoptiConfig(enabled=lopti, eta=1.0 / vocab)),
                      optim=OptimConfig(lr=1e-6),
                      sizes=SizesConfig(prompts_per_step=args.prompts, group_size=args.group, mini_batch_size=n,
                                        micro_batch_size=args.micro, logprob_micro_batch_size=2 * args.micro),
@@ -236,7 +237,7 @@ def fit(args, config, tok, lopti: bool, device: str):
     L.seed_everything(0, verbose=False)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    module = learner_class(config, device)(run_cfg(args, lopti), tokenizer=tok, total_rollout_steps=steps)
+    module = learner_class(config, device)(run_cfg(args, lopti, config.vocab_size), tokenizer=tok, total_rollout_steps=steps)
     module.rollout_engine = fixed_length_engine(tok, lambda i, j: args.length)
     rows: list[dict] = []
 
@@ -360,12 +361,14 @@ def median_of(rows: list[dict], key: str) -> float:
 def learner_stage(args, name, shape, config, tok, device, lopti: bool, rec: dict, peaks: dict):
     """One fit (GRPO or Lopti): medians, GRPO's MFU and memory, Lopti's ratio to GRPO."""
     module, rows, peak = fit(args, config, tok, lopti, device)
-    steps = statistics.median(sum(v for k, v in r.items() if k.startswith("update/") and k.endswith("/steps"))
-                              for r in rows)
+    steps = statistics.median(r["update/steps"] for r in rows)  # every optimizer step (the phases: update/low|high)
     out = {"update_s": [r["timing/update_s"] for r in rows], "update_s_median": median_of(rows, "timing/update_s"),
            "logprobs_s_median": median_of(rows, "timing/logprobs_s"), "optimizer_steps_per_rollout": steps,
            "n": len(rows)}
     out["phase_s_median"] = out["update_s_median"] + out["logprobs_s_median"]
+    if lopti:
+        out["low_token_frac"] = statistics.median(r["lopti/low_tokens"] / max(1.0, r["lopti/low_tokens"]
+                                                                             + r["lopti/high_tokens"]) for r in rows)
     prompt_len = module.last_step_context.experience.prompt_len
     rec["workload"] = {"responses": args.prompts * args.group, "prompt_len": prompt_len, "length": args.length,
                        "micro": args.micro}

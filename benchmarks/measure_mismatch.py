@@ -16,6 +16,7 @@ Usage (SmolLM2-135M-Instruct, offline; about 2-4 min each on 2 cores)::
 
     python benchmarks/measure_mismatch.py --engine vllm --engine-dtype float32
     python benchmarks/measure_mismatch.py --engine vllm --engine-dtype bfloat16
+    python benchmarks/measure_mismatch.py --smoke     # the tiny model on the HF engine, 2 x 4 tokens: measures nothing
 
 Output: the table on stdout and ``benchmarks/out/measure_mismatch_<engine>_<dtype>.json``.
 """
@@ -52,7 +53,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--smoke", action="store_true", help="the tiny model, HF engine, 1 prompt x 2 x 4 tokens")
+    ap.add_argument("--out", default=None, help="file name under benchmarks/out/ (or a path); "
+                                                "default measure_mismatch_<engine>_<dtype>.json")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.model, args.engine, args.engine_dtype, args.prompts, args.n, args.tokens = "tiny", "hf", "float32", 1, 2, 4
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     from arlopti.algorithms.mismatch import METRIC_NAMES, mismatch_metrics
@@ -108,7 +114,7 @@ def main(argv=None) -> int:
     print(f"\n{args.model}: engine {args.engine} {args.engine_dtype}, trainer fp32; {len(exp)} responses "
           f"({args.prompts} K&K prompts x {args.n}), T={args.temperature}, generation {t_gen:.0f} s")
     print(format_table(rows, ["tokens (p = exp(logp_old))", *METRIC_NAMES]))
-    path = write_json(f"measure_mismatch_{args.engine}_{args.engine_dtype}.json",
+    path = write_json(args.out or f"measure_mismatch_{args.engine}_{args.engine_dtype}.json",
                       {"args": vars(args),
                        "metrics": {k: (None if math.isnan(v) else v) for k, v in m.items()},
                        "generate_s": t_gen, "machine": machine_info()})

@@ -98,6 +98,7 @@ def test_the_dry_run_reports_every_field(scale, tmp_path):
         assert math.isfinite(grpo[key]) and grpo[key] > 0, key
     assert grpo["hfu"] > grpo["mfu"] and isinstance(grpo["mfu_goal_0.40_met"], bool) and grpo["n"] == 1
     assert lopti["optimizer_steps_per_rollout"] == 2 * grpo["optimizer_steps_per_rollout"] == 2  # two phases
+    assert 0 < lopti["low_token_frac"] < 1  # eta = 1/V splits a random model's tokens
     assert size["lopti_over_grpo"]["update"] > 0 and size["lopti_over_grpo"]["update_phase"] > 0
     assert size["memory"]["peak_allocated_gb"] is None and size["memory"]["predicted_gb"] > 0  # no CUDA here
     assert size["sync"]["tensors"] > 0 and 0 < size["sync"]["share_of_step"] < 1
