@@ -87,9 +87,10 @@ def dppo_anchor(old_log_probs: Tensor, extras: LossExtras | None) -> Tensor:
     ex = extras or LossExtras()
     if ex.params.dppo_anchor != "engine":
         return old_log_probs
-    if ex.behaviour_log_probs is None:
-        raise ValueError("algorithm.loss_params.dppo_anchor=engine needs the engine's log-probs "
-                         "(rollout.return_logprobs=true)")
+    if ex.behaviour_log_probs is None:  # the run's rule, stated once (a ConfigError is a ValueError)
+        from arlopti.config.rules import check_dppo_anchor
+
+        check_dppo_anchor("dppo_tv", "engine", return_logprobs=False)
     return ex.behaviour_log_probs
 
 

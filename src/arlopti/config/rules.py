@@ -212,6 +212,20 @@ def _validate_lr(o: OptimConfig) -> None:
 #: Policy losses that take no dual-clip, and the loss aggregation a loss requires (if any).
 _NO_DUAL_CLIP = ("gspo", "cispo", "sapo", "simko")
 _REQUIRED_AGG = {"gspo": "seq-mean-token-mean"}
+#: Losses that do not read clip_low / clip_high as PPO clip bounds (DPPO: divergence thresholds; SAPO: no clip).
+_NO_CLIP_BOUNDS = ("dppo_tv", "dppo_kl", "sapo", "gspo")
+
+
+def check_dppo_anchor(policy_loss: str, anchor: str, return_logprobs: bool) -> None:
+    """``algorithm.loss_params.dppo_anchor=engine`` measures DPPO's trust region from the engine's log-probs:
+    it needs them (``rollout.return_logprobs``), and it is read by ``dppo_*`` only."""
+    if anchor != "engine":
+        return
+    _require(policy_loss in ("dppo_tv", "dppo_kl"),
+             f"algorithm.loss_params.dppo_anchor=engine is read by the dppo_* losses only, and algorithm.policy_loss="
+             f"{policy_loss}; drop it or use algorithm.policy_loss=dppo_tv / dppo_kl")
+    _require(return_logprobs, "algorithm.loss_params.dppo_anchor=engine needs the engine's log-probs: set "
+             "rollout.return_logprobs=true, or dppo_anchor=old")
 
 
 def check_dual_clip(policy_loss: str, dual_clip: float | None) -> None:
@@ -274,20 +288,6 @@ def _validate_correction(rc: RolloutCorrectionConfig, r: RolloutConfig) -> None:
 def _validate_token_method(a: AlgorithmConfig) -> None:
     """Token methods that cannot compose with the rest (arlopti.algorithms.token_methods' docstring)."""
     tm = a.token_method
-#: Losses that do not read clip_low / clip_high as PPO clip bounds (DPPO: divergence thresholds; SAPO: no clip).
-_NO_CLIP_BOUNDS = ("dppo_tv", "dppo_kl", "sapo", "gspo")
-
-
-def check_dppo_anchor(policy_loss: str, anchor: str, return_logprobs: bool) -> None:
-    """``algorithm.loss_params.dppo_anchor=engine`` measures DPPO's trust region from the engine's log-probs:
-    it needs them (``rollout.return_logprobs``), and it is read by ``dppo_*`` only."""
-    if anchor != "engine":
-        return
-    _require(policy_loss in ("dppo_tv", "dppo_kl"),
-             f"algorithm.loss_params.dppo_anchor=engine is read by the dppo_* losses only, and algorithm.policy_loss="
-             f"{policy_loss}; drop it or use algorithm.policy_loss=dppo_tv / dppo_kl")
-    _require(return_logprobs, "algorithm.loss_params.dppo_anchor=engine needs the engine's log-probs: set "
-             "rollout.return_logprobs=true, or dppo_anchor=old")
     key = f"algorithm.token_method.name={tm.name}"
     if tm.name == "top_entropy":
         _require(not a.lopti.enabled, f"{key} cannot combine with algorithm.lopti.enabled=true: both decide which "
