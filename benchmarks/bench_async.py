@@ -95,7 +95,7 @@ def step_times(train_log: str) -> dict[int, float]:
 
 def steady_step_s(times: dict[int, float], skip: int) -> float:
     """``(t[N] - t[skip]) / (N - skip)``, N the last step (module docstring)."""
-    last = max(times)
+    last = max(times, default=-1)
     if skip not in times or last <= skip:
         raise ValueError(f"need the lines of step {skip} and of a later one, got steps {sorted(times)}")
     return (times[last] - times[skip]) / (last - skip)

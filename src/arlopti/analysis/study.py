@@ -98,8 +98,15 @@ def run_job(job: tuple) -> tuple:
 
 def run_jobs(jobs: list[tuple], workers: int, threads: int) -> list[tuple]:
     if workers <= 1 or len(jobs) <= 1:
+        import torch
+
+        before = torch.get_num_threads()
         _init_worker(threads)
-        return [run_job(j) for j in jobs]
+        try:
+            return [run_job(j) for j in jobs]
+        finally:  # in the caller's process: give its logging and threads back
+            logging.disable(logging.NOTSET)
+            torch.set_num_threads(before)
     with ProcessPoolExecutor(workers, mp_context=get_context("fork"), initializer=_init_worker,
                              initargs=(threads,)) as pool:
         return list(pool.map(run_job, jobs))
