@@ -44,8 +44,13 @@ def needs_shared(name: str) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_every_experiment_runs_one_step(name, tmp_path):
+def test_every_experiment_runs_one_step(name, tmp_path, monkeypatch):
     from arlopti.entry.train import train
+
+    if name == "math_tool_qwen":  # TRL's tool contract needs a template that shows the tools (Qwen2.5's layout)
+        from helpers.turns import TOOL_TEMPLATE
+
+        monkeypatch.setattr("arlopti.models.loading.CHATML_TEMPLATE", TOOL_TEMPLATE)
 
     overrides = [f"experiment={name}", "debug=smoke", "rollout_steps=1", "callbacks.benchmark_eval.limit=1",
                  "logger=none", *needs_shared(name)]

@@ -58,7 +58,7 @@ class PythonLimits:
 
     cpu_s: float = 5.0  # CPU seconds (RLIMIT_CPU; the child is killed past it)
     wall_s: float = 10.0  # wall-clock seconds from start to kill (a sleeping loop uses no CPU)
-    memory_mb: int = 1024  # address space (RLIMIT_AS); sympy + numpy need about 300 MB
+    memory_mb: int = 1024  # address space (RLIMIT_AS); importing sympy and numpy fits in 192 MB (not in 128)
     max_output_bytes: int = 2048  # stdout + stderr kept; past it the run is stopped and the reply truncated
     max_file_mb: int = 16  # the largest file the code may write (RLIMIT_FSIZE)
     max_open_files: int = 256  # RLIMIT_NOFILE
