@@ -18,7 +18,9 @@ made in the pytest process:
 * the FSDP2 checkpoint folder exports to a HF model with the same log-probs as the sharded policy.
 
 Both runs see identical rollouts: :class:`FixedEngine` returns completions that depend only on
-the prompt's tokens and the sample index (the HF engine's seeds depend on the rank).
+the prompt's tokens and the sample index (the HF engine's seeds depend on the rank), scored by the
+toy reward, which varies inside each group: every comparison first shows that the weights and the
+optimizer state moved (:func:`helpers.moved.assert_moved`), so it compares real updates.
 """
 
 from __future__ import annotations
@@ -146,6 +148,7 @@ def worker(out: Path) -> None:
     from arlopti.callbacks.checkpointing import RolloutCheckpoint
     from arlopti.learner.sharding import FSDP2Strategy, full_state_dict
     from arlopti.models.loading import build_tiny_tokenizer
+    from helpers.moved import optimizer_summary
 
     torch.set_num_threads(1)
     tok = build_tiny_tokenizer()
@@ -169,8 +172,11 @@ def worker(out: Path) -> None:
     if dist.get_rank() == 0:
         torch.save({"params": p, "metrics": rec.rows, "global_step": module.trainer.global_step}, out / "ddp_rpp.pt")
 
+    def optim(module):
+        return optimizer_summary(module.trainer.optimizers[0])
+
     module, rec = fit("sync", tok, 2, strategy("ddp"), devices=2)
-    torch.save({"params": params(module), "global_step": module.trainer.global_step},
+    torch.save({"params": params(module), "global_step": module.trainer.global_step, "optim": optim(module)},
                out / f"ddp_sync_rank{dist.get_rank()}.pt")
 
     # rank 0's first micro-batch loss reads NaN while its gradient stays finite: only a global
@@ -191,24 +197,24 @@ def worker(out: Path) -> None:
         module, _ = fit("resume", tok, 1, strategy("ddp"), devices=2)
     finally:
         learner.grpo_objective = real
-    torch.save({"params": params(module), "global_step": module.trainer.global_step, "skips": module.total_skips},
-               out / f"ddp_skip_rank{dist.get_rank()}.pt")
+    torch.save({"params": params(module), "global_step": module.trainer.global_step, "skips": module.total_skips,
+                "optim": optim(module)}, out / f"ddp_skip_rank{dist.get_rank()}.pt")
 
     ckpts = out / "ckpts"
     full, rec_full = fit("resume", tok, 4, strategy("fsdp"), devices=2)
-    p_full = params(full)
+    p_full, o_full = params(full), optim(full)
     fit("resume", tok, 2, strategy("fsdp"), devices=2, callbacks=[RolloutCheckpoint(str(ckpts), every_n_steps=1)])
     resumed, rec_resumed = fit("resume", tok, 4, strategy("fsdp"), devices=2,
                                callbacks=[RolloutCheckpoint(str(ckpts), every_n_steps=1)],
                                ckpt_path=str(ckpts / "last.ckpt"))
-    p_resumed = params(resumed)
+    p_resumed, o_resumed = params(resumed), optim(resumed)
     ids, mask, plen = probe_batch(tok)
     resumed.policy.eval()
     with torch.no_grad():
         logp, _ = resumed.policy(ids, mask, plen, 1.0, with_entropy=False)
     if dist.get_rank() == 0:
-        torch.save({"full": {"params": p_full, "metrics": rec_full.rows},
-                    "resumed": {"params": p_resumed, "metrics": rec_resumed.rows,
+        torch.save({"full": {"params": p_full, "metrics": rec_full.rows, "optim": o_full},
+                    "resumed": {"params": p_resumed, "metrics": rec_resumed.rows, "optim": o_resumed,
                                 "rollout_step": resumed.rollout_step},
                     "probe_logp": logp.detach().cpu()}, out / "fsdp_resume.pt")
         (out / "done.json").write_text(json.dumps({"world": dist.get_world_size()}))
@@ -244,6 +250,13 @@ def one_rank(tiny_tokenizer):
 def max_abs_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+def initial_params() -> dict:
+    """The policy every run here starts from, under its ``full_state_dict`` names."""
+    from arlopti.models.loading import build_tiny_model, build_tiny_tokenizer
+
+    return {f"hf.{k}": v for k, v in build_tiny_model(build_tiny_tokenizer()).state_dict().items()}
 
 
 @pytest.mark.parametrize("strategy,kind", [("fsdp", "grpo"), ("fsdp", "lopti"), ("ddp", "grpo"), ("ddp", "lopti"),
@@ -284,10 +297,13 @@ def test_clip_norm_is_the_global_norm_under_fsdp2(two_rank, one_rank):
 def test_ddp_manual_optimisation_keeps_ranks_identical(two_rank):
     import torch
 
+    from helpers.moved import assert_moved
+
     r0 = torch.load(two_rank / "ddp_sync_rank0.pt", weights_only=False)
     r1 = torch.load(two_rank / "ddp_sync_rank1.pt", weights_only=False)
     # 2 rollout steps x 2 phases x 2 mini-batches, each of 2 micro-batch backwards per rank
     assert r0["global_step"] == r1["global_step"] == 8
+    print(assert_moved(initial_params(), r0["params"], r0["optim"], what="DDP rank 0"))
     for k in r0["params"]:
         assert torch.equal(r0["params"][k], r1["params"][k]), f"{k} differs between ranks"
 
@@ -295,10 +311,13 @@ def test_ddp_manual_optimisation_keeps_ranks_identical(two_rank):
 def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(two_rank):
     import torch
 
+    from helpers.moved import assert_moved
+
     r0 = torch.load(two_rank / "ddp_skip_rank0.pt", weights_only=False)
     r1 = torch.load(two_rank / "ddp_skip_rank1.pt", weights_only=False)
     # 8 responses / mini-batch 4 = 2 optimizer steps; the first is skipped on both ranks
     assert r0["skips"] == r1["skips"] == 1 and r0["global_step"] == r1["global_step"] == 1
+    print(assert_moved(initial_params(), r0["params"], r0["optim"], what="the step taken after the skip"))
     for k in r0["params"]:
         assert torch.equal(r0["params"][k], r1["params"][k]), f"{k} differs between ranks"
 
@@ -306,10 +325,15 @@ def test_a_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(two_rank):
 def test_fsdp2_resume_is_exact(two_rank):
     import torch
 
+    from helpers.moved import assert_moved
+
     res = torch.load(two_rank / "fsdp_resume.pt", weights_only=False)
     full, resumed = res["full"], res["resumed"]
     assert resumed["rollout_step"] == 4
     assert [r["step"] for r in resumed["metrics"]] == [3, 4]
+    assert all(r["reward/zero_std_group_frac"] < 1 for r in full["metrics"]), "every step had a gradient"
+    print(assert_moved(initial_params(), full["params"], full["optim"], what="FSDP2, 4 steps"))
+    print(assert_moved(initial_params(), resumed["params"], resumed["optim"], what="FSDP2, resumed"))
     for a, b in zip(full["metrics"][2:], resumed["metrics"]):
         assert a.keys() == b.keys()
         bad = {k: (a[k], b[k]) for k in a if a[k] != b[k]}
@@ -333,7 +357,14 @@ def test_fsdp2_checkpoint_exports_to_the_same_logprobs(two_rank, tmp_path):
     with torch.no_grad():
         logp, _ = PolicyLM(model).eval()(ids, mask, plen, 1.0, with_entropy=False)
     expected = torch.load(two_rank / "fsdp_resume.pt", weights_only=False)["probe_logp"]
-    print(f"export: max |logp(HF) - logp(FSDP2)| = {float((logp - expected).abs().max()):.3g}")
+    from arlopti.models.loading import build_tiny_model
+
+    with torch.no_grad():
+        untrained, _ = PolicyLM(build_tiny_model(build_tiny_tokenizer())).eval()(ids, mask, plen, 1.0,
+                                                                                with_entropy=False)
+    moved = float((expected - untrained).abs().max())
+    assert moved > 1e-3, f"the trained policy's log-probs moved by {moved:.3g} only: the comparison could not fail"
+    print(f"export: max |logp(HF) - logp(FSDP2)| = {float((logp - expected).abs().max()):.3g} (moved {moved:.3g})")
     torch.testing.assert_close(logp, expected, rtol=1e-5, atol=1e-5)
 
 

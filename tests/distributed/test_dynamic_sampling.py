@@ -119,6 +119,11 @@ def test_two_ranks_train_on_the_groups_one_rank_trains_on(two_rank, tiny_tokeniz
     assert rows[0]["metrics"]["dapo/gen_rounds"] > 1, "the flat set must force extra rounds"
     assert rows[0]["metrics"]["update/grad_norm"] > 0, "the update must be visible for the comparison to mean anything"
     assert moved > 0, "some groups must have been generated on the other rank for the test to cover the move"
+    from arlopti.models.loading import build_tiny_model
+    from helpers.moved import assert_moved
+
+    initial = {f"hf.{k}": v for k, v in build_tiny_model(tiny_tokenizer).state_dict().items()}
+    print(assert_moved(initial, r0["params"], module.trainer.optimizers[0], what="2 ranks, 2 SGD steps"))
     ref = {k: v.detach() for k, v in module.policy.state_dict().items()}
     for k in ref:
         torch.testing.assert_close(r0["params"][k], ref[k], rtol=1e-5, atol=1e-6, msg=k)

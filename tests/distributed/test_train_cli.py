@@ -36,9 +36,11 @@ def kk_overrides() -> list[str]:
     return ["experiment=kk_lopti", "debug=smoke", *data, "data.train_count_per_n=8", "data.val_count_per_n=2"]
 
 
-def train(run_dir: Path, *overrides: str, timeout: int = 300) -> str:
-    """Run train.py on 2 CPU ranks; on a timeout the whole process group (both ranks) is killed."""
-    cmd = [sys.executable, "train.py", *kk_overrides(), "trainer.accelerator=cpu", "trainer.devices=2",
+def train(run_dir: Path, *overrides: str, timeout: int = 300, data: list[str] | None = None) -> str:
+    """Run train.py on 2 CPU ranks (``data``: the task and data overrides, K&K's by default); on a
+    timeout the whole process group (both ranks) is killed."""
+    task = kk_overrides() if data is None else ["experiment=kk_lopti", "debug=smoke", *data]
+    cmd = [sys.executable, "train.py", *task, "trainer.accelerator=cpu", "trainer.devices=2",
            "~callbacks.rich_progress_bar", f"hydra.run.dir={run_dir}", *overrides]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -103,16 +105,28 @@ def available_gib() -> float:
 def test_fsdp2_two_ranks_with_one_vllm_engine_per_rank(tmp_path):
     if available_gib() < 5:  # two engines x (1 GiB KV cache + the model + vLLM itself), two trainers
         pytest.skip(f"only {available_gib():.1f} GiB of memory available; two vLLM-CPU engines need ~5 GiB")
+    import csv
+
+    from helpers.varied_reward import varied_task
+
     run = tmp_path / "vllm"
-    # debug=smoke uses model=tiny_vllm: head_dim 32, vLLM-CPU's smallest
-    out = train(run, "trainer=fsdp", "rollout=vllm", "logger=none", "~callbacks.benchmark_eval")
-    assert summary(run)["rollout_steps"] == 2
+    # debug=smoke uses model=tiny_vllm: head_dim 32, vLLM-CPU's smallest. The reward varies inside each
+    # group (on K&K the tiny model scores -3 everywhere: step 1 would not move the weights, issue 38), and
+    # the engines return their log-probs: step 2's mismatch is the gap between the trainer and weights
+    # gathered (full_tensor) from the shards after step 1's update.
+    out = train(run, "trainer=fsdp", "rollout=vllm", "logger=csv", "~callbacks.benchmark_eval", "optim.lr=1e-3",
+                "rollout.return_logprobs=true", data=varied_task(tmp_path / "task"))
+    assert summary(run)["rollout_steps"] == 2 and summary(run)["no_signal_steps"] == 0
     for log in ("train.log", "train_ddp_process_1.log"):
         text = (run / log).read_text()
         assert "vLLM engine ready" in text, f"{log}: no vLLM engine on that rank\n{out[-3000:]}"
-        # step 2's rollout ran on weights gathered (full_tensor) from the shards after step 1's updates
         versions = [int(v) for v in re.findall(r"vLLM weights synced to version (\d+)", text)]
         assert any(v > 0 for v in versions), f"{log}: the updated policy was never synced into vLLM: {versions}"
+    with open(next(run.rglob("metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
+    step2 = next(r for r in rows if r["step"] == "2")
+    assert float(step2["update/grad_norm"]) > 0 and float(step2["mismatch/tokens"]) > 0
+    assert float(step2["mismatch/abs_diff_max"]) < 1e-3, "the engines hold the trained, gathered weights"
 
 
 @pytest.mark.vllm

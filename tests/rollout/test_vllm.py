@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import itertools
+import json
 import os
 import re
 import subprocess
@@ -359,8 +360,10 @@ def test_models_vllm_cannot_take_get_vllms_reason(engine, tok, base_policy):
 # ---------------------------------------------------------------------------------------------
 # 4: training through vLLM with train.py (subprocesses)
 # ---------------------------------------------------------------------------------------------
-def _run_train(tmp_path, overrides):
-    """``python train.py <overrides> hydra.run.dir=<tmp>``; checks vLLM ran, synced and the policy learned."""
+def _run_train(tmp_path, overrides, learns: bool = True):
+    """``python train.py <overrides> hydra.run.dir=<tmp>``; checks vLLM ran and synced, and that the policy
+    learned (``learns``) or, on a reward the tiny random model cannot vary, that the run said it learned
+    nothing (every step without a signal, issue 38)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     # debug=smoke keeps the experiment's lr (1e-6): the tiny model needs a larger one to move visibly
     cmd = [sys.executable, "train.py", *overrides, "optim.lr=1e-3", f"hydra.run.dir={tmp_path}"]
@@ -374,6 +377,11 @@ def _run_train(tmp_path, overrides):
     # the engine was re-synced after the optimizer steps of the first rollout step (version > 0)
     synced = [int(v) for v in re.findall(r"vLLM weights synced to version (\d+)", log)]
     assert any(0 < v <= version for v in synced), f"no sync of an updated policy into vLLM: {synced}"
+    steps = json.loads((tmp_path / "summary.json").read_text())
+    if not learns:
+        assert steps["no_signal_steps"] == steps["rollout_steps"] > 0, steps
+        return log
+    assert steps["no_signal_steps"] == 0, steps
     trained = {k[len("policy.hf."):]: v for k, v in ckpt["state_dict"].items() if k.startswith("policy.hf.")}
     init = build_tiny_model(build_tiny_tokenizer(), SPEC).state_dict()  # debug=smoke uses model=tiny_vllm: head_dim 32
     assert set(init) <= set(trained), sorted(set(init) - set(trained))[:5]
@@ -391,16 +399,14 @@ def _run_train(tmp_path, overrides):
 
 
 def test_train_py_kk_lopti_smoke_through_vllm(tmp_path):
-    """The issue's command as a user types it: ``python train.py experiment=kk_lopti debug=smoke rollout=vllm``.
+    """``python train.py experiment=kk_lopti debug=smoke rollout=vllm``, on a reward that varies inside each
+    group (:mod:`helpers.varied_reward`; K&K gives the tiny model -3 everywhere, so step 1 would not move
+    the weights and step 2's mismatch would compare the initial weights with themselves, issue 38)."""
+    from helpers.varied_reward import varied_task
 
-    experiment=kk_lopti reads the shared K&K data; where that fixture is absent (CI), the same
-    run uses data=kk_generated (the offline generator)."""
-    from conftest import FIXTURES
-
-    data = [] if (FIXTURES / "kk" / "kk_train_34567ppl.jsonl.gz").exists() else ["data=kk_generated"]
     # with the engine's log-probs: the rollout/trainer mismatch is logged per bucket, and TIS corrects it
     _run_train(tmp_path, ["experiment=kk_lopti", "debug=smoke", "rollout=vllm", "rollout.return_logprobs=true",
-                          "algorithm.rollout_correction.mode=tis", *data])
+                          "algorithm.rollout_correction.mode=tis", *varied_task(tmp_path / "task")])
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))
@@ -419,5 +425,7 @@ def test_train_py_dsr_uniform_smoke_through_vllm(tmp_path):
     from conftest import need_fixture
 
     need_fixture("math/dsr_uniform_train_10k.jsonl.gz")
+    # the random model scores 0 on every math problem: it runs and syncs, and says it learned nothing
     _run_train(tmp_path, ["data=dsr_uniform", "debug=smoke", "rollout=vllm", "data.limit=16",
-                          "data.val_benchmarks=[math500]", "logger=none", "callbacks.benchmark_eval.limit=1"])
+                          "data.val_benchmarks=[math500]", "logger=none", "callbacks.benchmark_eval.limit=1"],
+               learns=False)
