@@ -106,9 +106,8 @@ def test_the_layer_table_names_whole_units_each_once():
     assert units() == set(layers), f"unplaced: {sorted(units() - set(layers))}; gone: {sorted(set(layers) - units())}"
 
 
-def test_the_units_import_each_other_without_a_circle():
-    """Folder by folder (the unit of the layer table), the import graph has no circle: within one layer
-    as well as between layers."""
+def unit_graph() -> dict[str, set[str]]:
+    """unit -> the other units it imports (any import, lazy ones too)."""
     graph: dict[str, set[str]] = {u: set() for u in units()}
     for path in SRC.rglob("*.py"):
         me = unit_of(module_name(path))
@@ -116,6 +115,13 @@ def test_the_units_import_each_other_without_a_circle():
             them = unit_of(target)
             if them != me and them in graph:
                 graph[me].add(them)
+    return graph
+
+
+def test_the_units_import_each_other_without_a_circle():
+    """Folder by folder (the unit of the layer table), the import graph has no circle: within one layer
+    as well as between layers."""
+    graph = unit_graph()
     state: dict[str, int] = {}
 
     def visit(u: str, trail: list[str]) -> None:
@@ -130,6 +136,32 @@ def test_the_units_import_each_other_without_a_circle():
     for u in sorted(graph):
         if u not in state:
             visit(u, [])
+
+
+def longest_chain(graph: dict[str, set[str]]) -> list[str]:
+    """The longest chain of imports between units, importer first: one floor per unit on it. A unit
+    met again on the way (a circle, which the test above reports) ends the chain there."""
+    best: dict[str, list[str]] = {}
+
+    def chain(u: str, trail: frozenset) -> list[str]:
+        if u not in best:
+            below = [chain(v, trail | {u}) for v in sorted(graph[u]) if v not in trail | {u}]
+            best[u] = [u] + max(below, key=len, default=[])
+        return best[u]
+
+    return max((chain(u, frozenset()) for u in sorted(graph)), key=len)
+
+
+def test_the_units_stand_on_at_most_eight_floors():
+    """Issue 33's measure of the house: with each folder and each top-level file as one unit, the
+    longest chain of imports between units has at most 8 units (floors)."""
+    chain = longest_chain(unit_graph())
+    assert len(chain) <= 8, f"{len(chain)} floors: " + " -> ".join(chain)
+
+
+def test_the_floor_count_is_the_longest_chain():
+    graph = {"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"c"}}
+    assert longest_chain(graph) == ["a", "b", "c"]
 
 
 def test_no_module_imports_another_files_private_name():

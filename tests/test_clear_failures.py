@@ -75,9 +75,10 @@ def test_an_incompatible_checkpoint_is_refused_before_any_model_loads(tmp_path, 
     monkeypatch.setattr(arlopti.learner.module, "GRPOModule", loaded)
     code, err = run_train_cli(tmp_path, f"ckpt_path={ckpt}")
     assert code == 1
-    assert f"ConfigError: checkpoint {ckpt} was saved with a different config:" in err
-    assert "optim.lr: checkpoint 0.5, this run 1e-06" in err, err[-2000:]
-    assert "Error executing job" not in err and "Traceback" not in err
+    line = one_line(err)  # one line, however many keys differ: the keys, then the fix
+    assert line.startswith(f"ConfigError: checkpoint {ckpt} was saved with a different config: "), line
+    assert "optim.lr: checkpoint 0.5, this run 1e-06" in line, err[-2000:]
+    assert "Resume with the checkpoint's settings of optim.lr, or pass allow_config_mismatch=true" in line
 
 
 def test_ckpt_path_to_a_folder_without_checkpoints_says_what_was_looked_for(tmp_path):
@@ -126,3 +127,22 @@ def test_resuming_a_checkpoint_with_nan_weights_names_the_first_bad_tensor(tmp_p
     assert f"the checkpoint being resumed holds non-finite weights: first bad tensor {name!r} (1 of" in err, \
         err[-3000:]
     assert "out of bounds" not in err
+
+
+def test_a_failing_reward_function_stops_the_run_in_one_line(tmp_path):
+    """RewardFailureError through train.py: one line naming the function, the setting and the error, rc 1;
+    the user's traceback is in train.log (logged once, before the error)."""
+    from helpers.varied_reward import varied_task
+
+    reward = tmp_path / "broken.py"
+    reward.write_text("def score(response, ground_truth, meta):\n    raise KeyError('answer')\n")
+    task = [o if not o.startswith("task.reward_fn=") else f"task.reward_fn={reward}:score"
+            for o in varied_task(tmp_path / "task")]
+    code, err = run_train_cli(tmp_path, *task, smoke=("debug=smoke", "~callbacks.benchmark_eval",
+                                                      "~callbacks.rich_progress_bar", "logger=none"))
+    assert code == 1
+    line = one_line(err)
+    assert line.startswith(f"RewardFailureError: the reward function {reward}:score failed on ") and \
+        "task.max_error_frac=" in line and "First error (its traceback is logged above): KeyError: 'answer'" in line
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert log.count(f'{reward}", line 2, in score') == 1  # the user's traceback

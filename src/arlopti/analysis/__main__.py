@@ -30,6 +30,7 @@ import torch
 from arlopti.analysis.cli_args import add_input_args, add_update_args
 from arlopti.analysis.commands import (cmd_compare_methods, cmd_dump, cmd_grad_norms, cmd_prob_shift,
                                        cmd_token_distribution, cmd_update_direction, cmd_word_categories)
+from arlopti.config.cli_report import run_command
 
 log = logging.getLogger("arlopti.analysis")
 
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         return reproduce(args)
     if args.command == "study":
-        from arlopti.analysis.study_kk_cli import cmd_study
+        from arlopti.analysis.study import cmd_study
 
         result = cmd_study(args)
         print(json.dumps({"command": f"study {args.study_command}", "files": result.get("files")}, indent=1,
@@ -107,4 +108,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(run_command(main))

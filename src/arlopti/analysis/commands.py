@@ -119,7 +119,7 @@ def cmd_update_direction(args, inputs=None, first_grads=None) -> dict:
 def write_live_dump(batch, old_log_probs, path: str | Path) -> Path:
     """Write a sampled batch as a rollout dump (schema of :mod:`arlopti.analysis.rollout_dump`)."""
     from arlopti.analysis.rollout_dump import step_records, write_records
-    from arlopti.learner.module import StepContext
+    from arlopti.learner.step_context import StepContext
 
     exp = batch.to_experience()
     ctx = StepContext(exp, old_log_probs, batch.advantages, batch.advantages, [], {})

@@ -1,7 +1,7 @@
 """Rollout dumps: JSONL of what the learner saw at one step, for offline analysis.
 
 A dump file holds one JSON object per response (:func:`step_records` builds them from a step's
-:class:`~arlopti.learner.module.StepContext`, :func:`write_records` writes them, :func:`read_dump`
+:class:`~arlopti.learner.step_context.StepContext`, :func:`write_records` writes them, :func:`read_dump`
 reads them back). :class:`arlopti.callbacks.rollout_dump.RolloutDumpCallback` writes them during
 training, ``python -m arlopti.analysis dump`` from a sampled batch.
 
@@ -60,7 +60,7 @@ def _jsonable(value: Any) -> Any:
 
 def step_records(ctx, step: int, rank: int = 0, world_size: int = 1, token_arrays: bool = True,
                  max_rows: int | None = None) -> list[dict]:
-    """The dump records of one :class:`~arlopti.learner.module.StepContext` (module docstring)."""
+    """The dump records of one :class:`~arlopti.learner.step_context.StepContext` (module docstring)."""
     exp = ctx.experience
     mask = exp.response_mask.bool().cpu()
     n = len(exp) if max_rows is None else min(len(exp), max_rows)

@@ -26,6 +26,9 @@ from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
 
+from arlopti.analysis.study_kk_cli import add_kk_args
+from arlopti.config import ConfigError
+
 log = logging.getLogger("arlopti.analysis")
 
 PARTS = ("toy", "kk-mechanism", "kk-run", "kk-report")
@@ -46,9 +49,25 @@ def add_study_args(p) -> None:
     t.add_argument("--workers", type=int, default=2, help="processes running the runs")
     t.add_argument("--threads", type=int, default=1, help="torch threads per process")
     t.add_argument("--skip-mechanism", action="store_true", help="no first-step compare-methods per seed")
-    from arlopti.analysis.study_kk_cli import add_kk_args
-
     add_kk_args(sub)
+
+
+def cmd_study(args) -> dict:
+    """Dispatch ``study <part>``."""
+    if args.study_command == "toy":
+        return toy_study(args)
+    if args.study_command == "kk-mechanism":
+        from arlopti.analysis.study_kk_mechanism import kk_mechanism
+
+        return kk_mechanism(args)
+    if args.study_command == "kk-run":
+        from arlopti.analysis.study_kk import kk_pilot_run
+
+        return {"files": kk_pilot_run(args.method, args.seed, args.out, args.val_per_n,
+                                      keep_checkpoint=args.keep_checkpoint)}
+    from arlopti.analysis.study_kk_report import kk_report
+
+    return kk_report(args)
 
 
 # ------------------------------------------------------------------------------------------ jobs
@@ -141,14 +160,14 @@ def toy_study(args) -> dict:
     from arlopti.analysis.study_methods import method_algorithms, parse_methods
     from arlopti.analysis.study_runs import ToySizes
 
+    if args.seeds < 2:
+        raise ConfigError(f"--seeds {args.seeds}: a CI over seeds needs at least 2")
     out = Path(args.out)
     t0 = time.perf_counter()
     methods = parse_methods(args.methods)
     sizes = ToySizes(steps=args.steps, lr=args.lr, warm_start_steps=args.warm_start_steps)
     algos = method_algorithms(methods, sizes.max_new_tokens)
     seeds = list(range(args.seeds))
-    if args.seeds < 2:
-        raise ValueError(f"--seeds {args.seeds}: a CI over seeds needs at least 2")
     warm = out / "warm_start"
     jobs = [("run", m, algos[m], s, sizes, str(out / "runs" / m / f"seed{s}"), str(warm)) for s in seeds
             for m in methods if not run_is_done(out / "runs" / m / f"seed{s}", s, algos[m], sizes)]

@@ -26,23 +26,3 @@ def add_kk_args(sub) -> None:
     p = sub.add_parser("kk-report", help="tables and figures of the K&K mechanism and pilot in --out")
     p.add_argument("--out", default="study_out/kk")
     p.add_argument("--threads", type=int, default=None)
-
-
-def cmd_study(args) -> dict:
-    """Dispatch ``study <part>``."""
-    if args.study_command == "toy":
-        from arlopti.analysis.study import toy_study
-
-        return toy_study(args)
-    if args.study_command == "kk-mechanism":
-        from arlopti.analysis.study_kk_mechanism import kk_mechanism
-
-        return kk_mechanism(args)
-    if args.study_command == "kk-run":
-        from arlopti.analysis.study_kk import kk_pilot_run
-
-        return {"files": kk_pilot_run(args.method, args.seed, args.out, args.val_per_n,
-                                      keep_checkpoint=args.keep_checkpoint)}
-    from arlopti.analysis.study_kk_report import kk_report
-
-    return kk_report(args)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from arlopti.config import ModelConfig, from_dict
+from arlopti.config import ConfigError, ModelConfig, from_dict
+from arlopti.config.cli_report import run_command
 from arlopti.models.lora import apply_lora, check_base_identity, lora_enabled
 from arlopti.checkpoints.resume import CheckpointError, load_checkpoint_metadata, named_checkpoint
 from arlopti.utils.dtypes import torch_dtype
@@ -160,6 +161,14 @@ def _tied_names(model) -> set[str]:
     return tied
 
 
+def export_dtype(name: str) -> torch.dtype:
+    """``--dtype``'s torch dtype, checked before any checkpoint is read: a :class:`ConfigError` naming the choices."""
+    try:
+        return torch_dtype(name, "--dtype")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
 def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None, merge: bool = False) -> Path:
     """Write ``save_pretrained`` model + tokenizer of ``ckpt`` into ``out_dir``; returns ``out_dir``.
 
@@ -168,10 +177,11 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     ``adapter_config.json``, for ``PeftModel.from_pretrained(base, out_dir)``), or with ``merge``
     the merged full weights.
     """
+    cast = None if dtype is None else export_dtype(dtype)
     path = named_checkpoint(ckpt)
     model, tok = load_policy_from_checkpoint(path, merge=merge)
-    if dtype is not None:
-        model = model.to(torch_dtype(dtype, "--dtype"))
+    if cast is not None:
+        model = model.to(cast)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -198,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         out = export_checkpoint(args.ckpt, args.out_dir, args.dtype, merge=args.merge)
+    except ConfigError:
+        raise  # one line and exit status 1, as every command reports it (arlopti.config.cli_report)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -206,4 +218,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

@@ -480,9 +480,10 @@ def check_resume_compatible(ckpt: str, run, allow_mismatch: bool = False, data: 
     if allow_mismatch:
         log.warning("resuming from %s with a different config (allow_config_mismatch=true):\n  %s", ckpt, listing)
         return
-    raise ConfigError(f"checkpoint {ckpt} was saved with a different config:\n  {listing}\n"
-                      "Resume with the same settings, or pass allow_config_mismatch=true to resume anyway "
-                      "(model.* differences will still fail to load).")
+    keys = ", ".join(d.split(":", 1)[0] for d in diffs)  # one line (entry/failures.py): the keys, then the fix
+    raise ConfigError(f"checkpoint {ckpt} was saved with a different config: {'; '.join(diffs)}. Resume with the "
+                      f"checkpoint's settings of {keys}, or pass allow_config_mismatch=true to resume anyway "
+                      "(model.* differences will still fail to load)")
 
 
 def check_checkpoint_strategy(ckpt: str, strategy) -> None:

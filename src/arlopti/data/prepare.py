@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from arlopti.config.cli_report import run_command
+
 
 def build_parser() -> argparse.ArgumentParser:
     from arlopti.data import prepare_kk, prepare_math
@@ -34,4 +36,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

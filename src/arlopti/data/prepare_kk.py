@@ -35,6 +35,7 @@ import json
 import sys
 from pathlib import Path
 
+from arlopti.config import ConfigError
 from arlopti.prompts.readers import write_jsonl
 from arlopti.tasks.kk.generator import MAX_PEOPLE, MIN_PEOPLE, OFFICIAL_SEED
 from arlopti.tasks.kk.puzzle import Puzzle
@@ -171,10 +172,9 @@ def write_prepared(out_dir: Path, splits: dict[int, tuple[list[Puzzle], list[Puz
 
 def run(args: argparse.Namespace) -> int:
     """Build the sets and write them; prints a one-line summary per file. Returns 0, or 2 with a
-    message on stderr for a user error (missing files, offline hub, bad counts)."""
+    message on stderr for a user error (missing files, offline hub); a bad count is a :class:`ConfigError`."""
     if min(args.train_count, args.test_count) < 0:
-        print("prepare kk: error: --train-count/--test-count must be >= 0", file=sys.stderr)
-        return 2
+        raise ConfigError(f"--train-count {args.train_count} --test-count {args.test_count}: both must be >= 0")
     out_dir = args.out or Path("data/prepared") / f"kk_{args.source}"
     try:
         loader = {"generated": _from_generated, "hf": _from_hf, "files": _from_files}[args.source]
@@ -186,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
         if args.source == "files":
             manifest["input_dir"] = str(args.input_dir)
         paths = write_prepared(out_dir, splits, manifest, overwrite=args.overwrite)
+    except ConfigError:
+        raise  # one line and exit status 1, as every command reports it (arlopti.config.cli_report)
     except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as err:
         print(f"prepare kk: error: {err}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from arlopti.config import ConfigError
 from arlopti.tasks.math.readers import MathProblem, convert_rows, read_math_file, write_jsonl
 
 DATASETS = ("dsr_uniform", "deepscaler", "orz")
@@ -101,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     name = getattr(args, "math_name", None) or args.dataset
     try:
         problems, source = load_problems(args)
+    except ConfigError:
+        raise  # one line and exit status 1, as every command reports it (arlopti.config.cli_report)
     except (PrepareError, ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -27,6 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from arlopti.config import ConfigError
+from arlopti.config.cli_report import run_command
 from arlopti.config.compose import compose
 
 SPLITS = ("train", "val", "all")
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = compose(args.overrides, config_dir=args.config_dir)
         _, dm = build_datamodule(cfg)
+    except ConfigError:
+        raise  # one line and exit status 1, as every command reports it (arlopti.config.cli_report)
     except (FileNotFoundError, ValueError, KeyError, HydraException, OmegaConfBaseException) as err:
         print(f"preview: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
@@ -132,4 +136,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(run_command(main))

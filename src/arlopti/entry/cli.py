@@ -20,8 +20,9 @@ def check_command_line(argv: list[str]) -> None:
     """Refuse an override of the wrong type before Hydra composes (OmegaConf would turn
     ``algorithm.lopti.enabled=no`` into ``False``): exit 1 with the key, the value and the type."""
     from arlopti.config import ConfigError, check_overrides
+    from arlopti.config.cli_report import one_line
 
     try:
         check_overrides(command_line_overrides(argv))
     except ConfigError as err:
-        sys.exit(f"ConfigError: {err}")
+        sys.exit(one_line(err))

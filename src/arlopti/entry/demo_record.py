@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from arlopti.config.cli_report import run_command
+
 ROOT = Path(__file__).resolve().parents[3]
 RECORD = ROOT / "docs" / "demo_summary.json"
 README = ROOT / "README.md"
@@ -102,4 +104,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

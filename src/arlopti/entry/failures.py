@@ -10,19 +10,21 @@ In a ``--multirun`` a failed job must stay a failed job for the sweeper (the Opt
 the trial as failed, the basic one reports it at the end) and must not stop the other jobs: the job
 prints its line and raises :class:`JobFailed`, which Hydra prints as that one line
 (a ``CompactHydraException``) when it reports the failure. :func:`arlopti.run` (``entry/api.py``)
-raises the original exception itself, after the job, so that Hydra prints nothing.
+raises the original exception itself, after the job, so that Hydra prints nothing. The line and the
+``HYDRA_FULL_ERROR`` switch are :mod:`arlopti.config.cli_report`'s, which every other command uses too.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from hydra.errors import CompactHydraException
+
+from arlopti.config.cli_report import full_error, one_line
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +41,6 @@ class JobFailed(CompactHydraException):
         return (type(self), (self.line, self.summary))
 
 
-def full_error() -> bool:
-    """Whether the user asked for Hydra's full error report (``HYDRA_FULL_ERROR=1``)."""
-    return os.environ.get("HYDRA_FULL_ERROR") == "1"  # as Hydra reads it
-
-
 def record_traceback(err: BaseException) -> None:
     """Write ``err`` with its traceback to the log files only (not the console)."""
     record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "the run failed:", (),
@@ -51,11 +48,6 @@ def record_traceback(err: BaseException) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
-
-
-def one_line(err: BaseException) -> str:
-    """``<ErrorType>: <message>``, what the console shows of a failure."""
-    return f"{type(err).__name__}: {err}"
 
 
 def in_multirun() -> bool:

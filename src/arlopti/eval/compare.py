@@ -41,6 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
+from arlopti.config.cli_report import run_command
+
 RESAMPLES = 10_000
 SEED = 0
 
@@ -249,4 +251,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command(main))

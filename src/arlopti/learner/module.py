@@ -87,14 +87,14 @@ import logging
 import math
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import lightning.pytorch as L
 import torch
 from torch import Tensor
 
-from arlopti.algorithms import Phase, grpo_objective, normaliser
-from arlopti.algorithms.forward_needs import forward_stats, needs_old_before_update, old_pass_stats
+from arlopti.algorithms import grpo_objective, normaliser
+from arlopti.algorithms.forward_needs import first_forward_reusable, forward_stats, old_pass_stats
 from arlopti.algorithms.mismatch import correction_weights
 from arlopti.algorithms.plan import phase_names, phase_pass_ends, step_order
 from arlopti.config import RunConfig, check_rollout_correction_logprobs, validate_once
@@ -108,6 +108,7 @@ from arlopti.learner.checkpoint_state import drop_reference_weights, learner_sta
 from arlopti.models.lora import apply_lora, lora_enabled
 from arlopti.learner.sharding import shard_under_model_parallel
 from arlopti.learner.policy import PolicyLM, disable_dropout, old_and_ref_log_probs
+from arlopti.learner.step_context import StepContext
 from arlopti.learner.step_logging import write_hparams, write_step
 from arlopti.learner.metric_set import MetricSet
 from arlopti.learner.step_metrics import add_objective_metrics, add_step_metrics
@@ -118,18 +119,6 @@ from arlopti.utils.rng import restore_rng_state
 log = logging.getLogger(__name__)
 
 __all__ = ["GRPOModule", "NonFiniteAbort", "StepContext"]
-
-
-@dataclass
-class StepContext:
-    """What one training step computed, for diagnostics callbacks (read in on_train_batch_end)."""
-
-    experience: Experience
-    old_log_probs: Tensor  # [B, R]
-    advantages_raw: Tensor  # [B, R] before AR
-    advantages: Tensor  # [B, R] after AR
-    phases: list[Phase]
-    metrics: dict[str, float]
 
 
 class GRPOModule(L.LightningModule):
@@ -250,7 +239,7 @@ class GRPOModule(L.LightningModule):
         minis = mini_batches(len(exp), s.mini_batch_size // self.world)
         names = phase_names(self._eta, a.lopti.reverse)
         order = step_order(names, minis, a.ppo_epochs, a.lopti.granularity)
-        reused = order[0][1] if self._reuses_first_forward() else []
+        reused = order[0][1] if self.reuse_old_logprobs and first_forward_reusable(a) else []
         # 1. old and reference log-probs (no grad); the reused first step's rows come from its own forward
         old, ref, *old_stats = old_and_ref_log_probs(self.policy, self.ref, exp, set(reused), s.logprob_micro_batch_size,
                                                      self.temperature, lora_ref=self.lora and a.kl_coef > 0,
@@ -281,16 +270,6 @@ class GRPOModule(L.LightningModule):
                          optimizer_steps=self.trainer.global_step if self._trainer else 0, eta=a.lopti.eta)
         self._finish_step(batch, sampled, targets, metrics)
         return None
-
-    def _reuses_first_forward(self) -> bool:
-        """Whether the first optimizer step takes its rows' old log-probs from its own forward
-        (:func:`~arlopti.algorithms.plan.first_step_inputs`). Not with ``lopti.normalize=phase``: its
-        loss denominator is the phase's token count over the whole mini-batch, needed before the
-        first micro-batch's backward; nor when the advantages need every token's logπ_old before any
-        backward (``kl_in=reward``, OTB: :func:`~arlopti.algorithms.forward_needs.needs_old_before_update`)."""
-        a = self.cfg.algorithm
-        return self.reuse_old_logprobs and not (a.lopti.enabled and a.lopti.normalize == "phase") \
-            and not needs_old_before_update(a)
 
     def _targets(self, exp: Experience, old: Tensor, ref: Tensor | None, adv_raw: Tensor) -> Targets:
         """The complete :class:`~arlopti.learner.targets.Targets` from every row's logπ_old: the

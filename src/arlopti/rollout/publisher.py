@@ -16,11 +16,16 @@ LoRA, ``adapter``      ``base``: the frozen base, then the adapter  ``adapter``:
 
 Every plan is checked by name first (:func:`arlopti.rollout.weight_sync.check_names`): the full
 list of ``(checkpoint name, tensor)`` pairs the policy maps to must be exactly the names the receiver
-was built from (the engine's model directory, or for a worker the same base, which it proved at
-connect time by its served name), so a wrapper that renamed a parameter, or another model, is an
-error listing both kinds of mismatch before anything is sent. A ``changed`` plan sends a subset of
-that checked list. "Holds the base" is the receiver's state, reset when it restarts or a level-2
-sleep drops its weights.
+was built from, so a wrapper that renamed a parameter, or another model, is an error listing both
+kinds of mismatch before anything is sent. The colocated engine was built from the policy itself
+(its model directory, :func:`arlopti.rollout.vllm_startup.engine_weight_names`). A rollout worker
+was built from the base as loaded (:mod:`arlopti.rollout.serve`, the same base: it proved that at
+connect time by its served name), so :meth:`WeightPublisher.for_policy` expects the base's names
+with the tie the base had as loaded: a LoRA run whose adapted embedding untied the trainer's head
+(:func:`arlopti.models.lora.untie_adapted_embedding`) would send an ``lm_head.weight`` that a tied
+worker does not hold, and is refused instead of serving another head. A ``changed`` plan sends a
+subset of that checked list. "Holds the base" is the receiver's state, reset when it restarts or a
+level-2 sleep drops its weights.
 """
 
 from __future__ import annotations
@@ -54,6 +59,14 @@ def tied_embeddings(policy) -> bool:
     return bool(getattr(getattr(base_model_of(policy), "config", None), "tie_word_embeddings", False))
 
 
+def tied_as_loaded(policy) -> bool:
+    """Whether the base tied its LM head to its embedding as loaded, which is how a rollout worker loads it:
+    the base identity (:func:`arlopti.models.lora.base_identity`, taken before any LoRA untie) records it."""
+    identity = getattr(base_model_of(policy), "arlopti_base_identity", None) or {}
+    tie = (identity.get("arch") or {}).get("tie_word_embeddings")
+    return tied_embeddings(policy) if tie is None else bool(tie)
+
+
 class WeightPublisher:
     """Plans every sync of one receiver kind (module docstring). ``expected_names``: the checkpoint names
     the receiver was built from; ``lora_sync``: ``rollout.lora_sync`` (read only for a LoRA policy)."""
@@ -68,12 +81,13 @@ class WeightPublisher:
         self.where = where
 
     @classmethod
-    def for_policy(cls, policy, lora_sync: str = "merged", where: str = "the rollout workers (the trainer's base)"):
-        """A publisher whose expected names are the policy's own now (the receiver is built from the same
-        base: the rollout workers, whose base identity is checked at connect time)."""
-        tie = tied_embeddings(policy)
-        names = [n for n, _ in named_sync_params(engine_named_params(policy, merged=True), tie)]
-        return cls(names, tie, lora_sync, where)
+    def for_policy(cls, policy, lora_sync: str = "merged",
+                   where: str = "the rollout workers (the base as they load it)"):
+        """The rollout workers' publisher: its expected names are those of the base as a worker loads it
+        (the policy's plain names, with the tie the base had as loaded: module docstring), derived as the
+        colocated engine's are; the worker's base is the trainer's, checked at connect time."""
+        names = [n for n, _ in named_sync_params(engine_named_params(policy, merged=True), tied_as_loaded(policy))]
+        return cls(names, tied_embeddings(policy), lora_sync, where)
 
     def adapter_mode(self, policy) -> bool:
         return is_lora(policy) and self.lora_sync == "adapter"
@@ -90,4 +104,4 @@ class WeightPublisher:
         return Publication("full", items, False)
 
 
-__all__ = ["KINDS", "Publication", "WeightPublisher", "tied_embeddings"]
+__all__ = ["KINDS", "Publication", "WeightPublisher", "tied_as_loaded", "tied_embeddings"]
