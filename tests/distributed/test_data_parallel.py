@@ -15,6 +15,10 @@ made in the pytest process:
 * a non-finite loss on one rank only (its gradient finite) skips that optimizer step on both;
 * FSDP2 resume is exact: 4 rollout steps in one go, or 2 then a resume from the distributed
   checkpoint then 2 more, give identical step-3/4 metrics, RNG draws and final parameters;
+* and so after ``kill -9`` of one rank: a launch of its own (:func:`kill_worker`, before the main
+  one) saves every step and rank 1 sends itself SIGKILL at the start of step 3, so rank 0 fails in its
+  next collective; the main launch resumes that run's ``last.ckpt`` (step 2) to 4 steps, which equal
+  the uninterrupted run bit for bit;
 * the FSDP2 checkpoint folder exports to a HF model with the same log-probs as the sharded policy.
 
 Both runs see identical rollouts: :class:`FixedEngine` returns completions that depend only on
@@ -32,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.torchrun import launch_two_ranks
+from helpers.torchrun import launch_two_ranks, run_two_ranks
 
 HERE = Path(__file__).resolve()
 TESTS = HERE.parents[1]
@@ -217,7 +221,56 @@ def worker(out: Path) -> None:
                     "resumed": {"params": p_resumed, "metrics": rec_resumed.rows, "optim": o_resumed,
                                 "rollout_step": resumed.rollout_step},
                     "probe_logp": logp.detach().cpu()}, out / "fsdp_resume.pt")
+    resume_after_kill(out, tok)
+    if dist.get_rank() == 0:
         (out / "done.json").write_text(json.dumps({"world": dist.get_world_size()}))
+
+
+#: The rollout step (1-based) at whose start :func:`kill_worker`'s rank 1 dies.
+KILL_AT = 3
+
+
+def kill_worker(out: Path) -> None:
+    """The launch in which one rank dies: 4 planned steps of the ``resume`` run under FSDP2, saving every
+    step to ``out/killed``; rank 1 SIGKILLs itself at the start of step :data:`KILL_AT` (no handler runs)."""
+    import lightning.pytorch as L
+    import torch
+
+    from arlopti.callbacks.checkpointing import RolloutCheckpoint
+    from arlopti.learner.sharding import FSDP2Strategy
+    from arlopti.models.loading import build_tiny_tokenizer
+
+    class KillRank1(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            import os
+            import signal
+
+            if trainer.global_rank == 1 and pl_module.rollout_step + 1 == KILL_AT:
+                (out / "killed.json").write_text(json.dumps({"at_step": KILL_AT}))
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.set_num_threads(1)
+    fit("resume", build_tiny_tokenizer(), 4, FSDP2Strategy(), devices=2,
+        callbacks=[RolloutCheckpoint(str(out / "killed"), every_n_steps=1), KillRank1()])
+
+
+def resume_after_kill(out: Path, tok) -> None:
+    """In the main launch: resume :func:`kill_worker`'s ``last.ckpt`` to 4 steps (nothing when that launch
+    left none: the test says why)."""
+    import torch
+    import torch.distributed as dist
+
+    from arlopti.learner.sharding import FSDP2Strategy, full_state_dict
+    from helpers.moved import optimizer_summary
+
+    last = out / "killed" / "last.ckpt"
+    if not last.exists():
+        return
+    module, rec = fit("resume", tok, 4, FSDP2Strategy(), devices=2, ckpt_path=str(last))
+    params, optim = full_state_dict(module.policy), optimizer_summary(module.trainer.optimizers[0])
+    if dist.get_rank() == 0:
+        torch.save({"params": params, "metrics": rec.rows, "optim": optim, "rollout_step": module.rollout_step},
+                   out / "fsdp_kill_resume.pt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,8 +282,17 @@ pytestmark = pytest.mark.distributed
 
 @pytest.fixture(scope="module")
 def two_rank(tmp_path_factory):
-    """Run :func:`worker` on 2 processes once; returns its output folder."""
+    """Run :func:`kill_worker` on 2 processes (it fails by design: its exit status and output tail are
+    kept for the test), then :func:`worker` once; returns their output folder."""
+    import subprocess
+
     out = tmp_path_factory.mktemp("two_rank")
+    try:
+        killed = run_two_ranks(HERE, out, "kill", timeout_s=300)
+        kill = {"rc": killed.returncode, "tail": killed.stdout[-2000:] + killed.stderr[-4000:]}
+    except subprocess.TimeoutExpired as err:
+        kill = {"rc": None, "tail": f"timed out: {err}"}
+    (out / "kill_launch.json").write_text(json.dumps(kill))
     launch_two_ranks(HERE, out, "done.json")
     return out
 
@@ -343,6 +405,26 @@ def test_fsdp2_resume_is_exact(two_rank):
     assert diff == 0.0
 
 
+def test_fsdp2_resume_after_kill_9_of_one_rank_is_exact(two_rank):
+    import torch
+
+    from arlopti.checkpoints.resume import load_checkpoint_metadata
+    from helpers.moved import assert_moved
+
+    kill = json.loads((two_rank / "kill_launch.json").read_text())
+    assert kill["rc"] not in (0, None) and (two_rank / "killed.json").exists(), kill["tail"]
+    last = two_rank / "killed" / "last.ckpt"
+    assert load_checkpoint_metadata(last)["arlopti"]["rollout_step"] == KILL_AT - 1  # saved before the kill
+    full = torch.load(two_rank / "fsdp_resume.pt", weights_only=False)["full"]
+    resumed = torch.load(two_rank / "fsdp_kill_resume.pt", weights_only=False)
+    assert resumed["rollout_step"] == 4 and [r["step"] for r in resumed["metrics"]] == [3, 4]
+    print(assert_moved(initial_params(), resumed["params"], resumed["optim"], what="FSDP2, killed and resumed"))
+    for a, b in zip(full["metrics"][KILL_AT - 1:], resumed["metrics"]):
+        bad = {k: (a.get(k), b.get(k)) for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+        assert not bad, f"step {a['step']}: metrics differ after the kill and resume: {bad}"
+    assert max_abs_diff(full["params"], resumed["params"]) == 0.0
+
+
 def test_fsdp2_checkpoint_exports_to_the_same_logprobs(two_rank, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
@@ -370,4 +452,4 @@ def test_fsdp2_checkpoint_exports_to_the_same_logprobs(two_rank, tmp_path):
 
 if __name__ == "__main__":
     sys.path.insert(0, str(TESTS))
-    worker(Path(sys.argv[1]))
+    (kill_worker if sys.argv[2:] == ["kill"] else worker)(Path(sys.argv[1]))

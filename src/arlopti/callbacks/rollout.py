@@ -110,6 +110,20 @@ def save_before_stopping(trainer, pl_module) -> str:
             "ckpt_path=last once the workers run again.")
 
 
+def resume_note(rollout_cfg, step: int) -> str | None:
+    """What a run resumed at rollout step ``step`` must be told about its samples, or None: under
+    ``placement=server`` with ``max_staleness = k >= 1`` the batches in flight at the stop are not in
+    the checkpoint, so the resumed run generates them again with newer weights and is not bit-identical
+    to an uninterrupted one (docs/scaling.md, the server placement's **Resume**). Said once, at the start."""
+    k = rollout_cfg.async_.max_staleness
+    if rollout_cfg.placement != "server" or k <= 0 or step <= 0:
+        return None
+    return (f"resumed at rollout step {step} with rollout.async.max_staleness={k}: the batches that were in "
+            "flight are not in the checkpoint and are generated again by the resumed weights, so the next "
+            "steps' samples are fresher than in an uninterrupted run and the run is not bit-identical to one "
+            "(with max_staleness=0 it is; docs/scaling.md)")
+
+
 def prompt_datamodule_of(trainer, why: str):
     """The trainer's :class:`~arlopti.data.prompt_datamodule.PromptDataModule` (``why`` says what needs it)."""
     dm = getattr(trainer, "datamodule", None)
@@ -157,13 +171,9 @@ class RolloutCallback(L.Callback):
                                                       lockstep=r.backend == "hf" and trainer.world_size > 1)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        k = pl_module.cfg.rollout.async_.max_staleness
-        if pl_module.cfg.rollout.placement == "server" and k > 0 and pl_module.rollout_step > 0:
-            log.warning("resumed at rollout step %d with rollout.async.max_staleness=%d: the batches that were in "
-                        "flight are not in the checkpoint and are generated again by the resumed weights, so the "
-                        "next steps' samples are fresher than in an uninterrupted run and the run is not "
-                        "bit-identical to one (with max_staleness=0 it is; docs/scaling.md)",
-                        pl_module.rollout_step, k)
+        note = resume_note(pl_module.cfg.rollout, int(pl_module.rollout_step))
+        if note:
+            log.warning(note)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         for task in self._tasks.values():
@@ -192,7 +202,8 @@ class RolloutCallback(L.Callback):
         try:
             got = self.collect(pl_module, batch, timings, ahead=ahead)
         except RolloutWorkersLost as err:
-            raise RolloutWorkersLost(f"{err}\n{save_before_stopping(trainer, pl_module)}") from err
+            # one line (a command line shows a failure as one): the worker's log tail, if any, is in its log file
+            raise RolloutWorkersLost(" ".join(f"{err} {save_before_stopping(trainer, pl_module)}".split())) from err
         groups = self.score(batch, got.groups, pl_module, timings)
         stats: dict[str, float] = {}
         if pl_module.cfg.algorithm.dapo.dynamic_sampling:

@@ -23,6 +23,11 @@ The overrides are the training run's own (``train.yaml`` composed with them); on
    watchdog stops everything within a second once the trainer is gone, even killed with SIGKILL, so
    no worker outlives its trainer. The server and vLLM's engine process share this process's group
    (the trainer starts it in a new session), and the whole group is killed on the way out.
+
+A refused configuration (an override of the wrong type, a value outside its choices such as
+``rollout.dtype=fp8``, an unknown key) is reported as the trainer reports it: one line,
+``ConfigError: <key and what to use>``, exit status 1, before any model loads
+(:func:`arlopti.config.cli_report.run_command`; ``HYDRA_FULL_ERROR=1`` gives the traceback).
 """
 
 from __future__ import annotations
@@ -168,19 +173,38 @@ def supervise(argv: list[str], env: dict, parent_pid: int | None, cpus: str | No
 
 def _configs(overrides: list[str], run_config: str | None):
     """``(model config, rollout config)`` from a run-config JSON (spawned) or train.yaml + overrides
-    (:func:`arlopti.config.compose.compose`, as ``train.py`` composes it)."""
-    from arlopti.config import ModelConfig, RolloutConfig, from_dict
+    (:func:`arlopti.config.compose.compose`, as ``train.py`` composes it), each value checked against
+    the schema (type, choices, range) so that a bad one is a :class:`ConfigError` naming its key before
+    any model loads, not an error from deep inside the loading."""
+    from arlopti.config import ModelConfig, RolloutConfig, check_fields, check_overrides, from_dict
 
     if run_config:
         data = json.loads(Path(run_config).read_text())
     else:
-        from omegaconf import OmegaConf
+        check_overrides(overrides)  # before OmegaConf converts them (``port=abc``, ``enforce_eager=no``)
+        data = _composed(overrides)
+    model = from_dict(ModelConfig, data["model"], "model")
+    rollout = from_dict(RolloutConfig, data["rollout"], "rollout")
+    check_fields(model, "model")
+    check_fields(rollout, "rollout")
+    return model, rollout
 
-        from arlopti.config.compose import compose
 
+def _composed(overrides: list[str]) -> dict:
+    """The ``model`` and ``rollout`` nodes of train.yaml composed with ``overrides``; an override Hydra
+    cannot apply (an unknown key or group choice) is a :class:`ConfigError` with Hydra's own message."""
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from arlopti.config import ConfigError
+    from arlopti.config.compose import compose
+
+    try:
         cfg = compose(overrides)
-        data = {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "rollout")}
-    return from_dict(ModelConfig, data["model"], "model"), from_dict(RolloutConfig, data["rollout"], "rollout")
+        return {k: OmegaConf.to_container(cfg[k], resolve=True) for k in ("model", "rollout")}
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(" ".join(str(err).split())) from err
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,4 +248,6 @@ def kill_own_group() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from arlopti.config.cli_report import run_command
+
+    sys.exit(run_command(main))

@@ -237,10 +237,19 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ weights
     def sync(self, items, bucket_bytes: int, dtype, version: int) -> dict:
-        """Send the weights (:meth:`GlooSender.send`) as ``version`` and reset the prefix cache."""
+        """Send the weights (:meth:`GlooSender.send`) as ``version`` and reset the prefix cache. A worker
+        that dies during the broadcast fails in gloo (``Connection closed by peer``), not over HTTP: that
+        is a :class:`WorkerError` too, so that the run restarts the worker or saves its steps and stops
+        (:mod:`arlopti.rollout.server_rollouts`) as for any other fault of the worker."""
         if self.sender is None:
             raise WorkerError(self.name, "sync before start()")
-        sent = self.sender.send(items, bucket_bytes, dtype, version)
+        try:
+            sent = self.sender.send(items, bucket_bytes, dtype, version)
+        except WorkerError:
+            raise
+        except RuntimeError as err:  # gloo's errors are RuntimeErrors (torch.distributed.DistError among them)
+            raise WorkerError(self.name, f"the weight sync to version {version} failed: {type(err).__name__}: "
+                                         f"{' '.join(str(err).split())[:300]} (dead?)") from err
         self.post("reset_prefix_cache")
         self.version = version
         return sent

@@ -27,8 +27,12 @@ rank would re-sync on that rank alone).
 Faults (all handled here, on the trainer's thread): a :class:`~arlopti.rollout.server_client.WorkerError`
 from a batch or a sync drops every queued batch, restarts the failed worker if this trainer spawned it
 and it has restarts left (``rollout.server.max_restarts``), re-syncs every worker to the current
-version and regenerates (staleness only drops). A worker started by the user, or one out of restarts,
-stops the run with an error naming it. :meth:`close` stops every spawned worker.
+version and regenerates (staleness only drops). A worker started by the user, one out of restarts, or
+one whose restart fails stops the run with :class:`RolloutWorkersLost` naming it; the rollout callback
+saves ``last.ckpt`` first and says where (no step that was trained is lost). A spawned worker's
+supervisor that exits while the run goes on is warned about within a second, and what is left of its
+process group is killed (:meth:`ServerRollouts._watch_supervisors`). :meth:`close` stops every
+spawned worker.
 
 Measured per step (``async/*``, docs/metrics.md): the trainer's wait, each worker's idle time and
 tokens/s, the queue depth, sync time and the number of restarts.
@@ -280,23 +284,31 @@ class ServerRollouts(RolloutSource):
         self.version = None  # every worker gets the current weights again
         worker = next((w for w in self.workers if w.name == getattr(err, "worker", None)), None)
         if worker is None or not worker.spawned:
-            raise RolloutWorkersLost(f"{err}\nIt was started separately (rollout.server.urls): restart it with "
+            raise RolloutWorkersLost(f"{err}. It was started separately (rollout.server.urls): restart it with "
                                      "python -m arlopti.rollout.serve, then resume the run.") from err
         if self.world > 1:  # the other ranks would not re-sync with it: their weight gathers would not match
-            raise RolloutWorkersLost(f"{err}\nWith {self.world} trainer ranks a worker is not restarted (every "
+            raise RolloutWorkersLost(f"{err}. With {self.world} trainer ranks a worker is not restarted (every "
                                      "rank's sync gathers the weights together): the run stops.") from err
         if worker.restarts >= self.cfg.server.max_restarts:
-            raise RolloutWorkersLost(f"{err}\nIt was restarted {worker.restarts} time(s) already "
+            raise RolloutWorkersLost(f"{err}. It was restarted {worker.restarts} time(s) already "
                                      f"(rollout.server.max_restarts={self.cfg.server.max_restarts}); its log: "
                                      f"{worker.spawn_args['log']}") from err
         log.warning("%s; restarting it (%d of at most %d)", err, worker.restarts + 1, self.cfg.server.max_restarts)
+        self._restart(worker, err)
+
+    def _restart(self, worker: RolloutWorker, err: WorkerError) -> None:
+        """Start ``worker`` again and connect it; a restart that fails (it does not come up, or answers
+        wrongly) stops the run as :class:`RolloutWorkersLost`, so that its steps are saved first."""
         worker.stop(grace_s=2.0)
         worker.restarts += 1
         self.restarts += 1
-        worker.launch()
-        worker.wait_ready(self.cfg.server.startup_timeout_s, "rollout.server.startup_timeout_s")
-        worker.check_base(self.base_name)
-        worker.start_transfer(self.run)
+        try:
+            worker.launch()
+            worker.wait_ready(self.cfg.server.startup_timeout_s, "rollout.server.startup_timeout_s")
+            worker.check_base(self.base_name)
+            worker.start_transfer(self.run)
+        except WorkerError as again:
+            raise RolloutWorkersLost(f"{err}. Restarting it failed: {again}") from again
 
     def _watch_supervisors(self, every_s: float = 1.0) -> None:
         """Every second: a spawned worker's supervisor that exited (killed, crashed) while this trainer did not
@@ -309,8 +321,10 @@ class ServerRollouts(RolloutSource):
                 if proc is None or proc.pid in seen or proc.poll() is None:
                     continue
                 seen.add(proc.pid)
-                log.warning("rollout %s: its supervisor (pid %d) exited with status %s; stopping what is left of "
-                            "its process group", w.name, proc.pid, proc.returncode)
+                log.warning("rollout %s: its supervisor (pid %d, python -m arlopti.rollout.serve) exited with "
+                            "status %s while the run goes on; stopping what is left of its process group (at its "
+                            "next request the worker is restarted if rollout.server.max_restarts allows, else the "
+                            "run saves its steps and stops)", w.name, proc.pid, proc.returncode)
                 w.kill_group(proc.pid)
 
     def close(self) -> None:

@@ -123,8 +123,9 @@ def parse_value(value: Any, correct_above: float) -> RewardResult:
 
 class RewardFailureError(RuntimeError):
     """A reward function failed on more than ``task.max_error_frac`` of the responses of the last
-    ``task.error_window`` batches: the run stops (the message names the function, the setting and
-    the first traceback)."""
+    ``task.error_window`` batches: the run stops. The message is one line (what ``train.py`` shows of
+    a failure) naming the function, the setting and the first error; that error's traceback is
+    logged once just before (``train.log`` and the console)."""
 
 
 @dataclass
@@ -461,17 +462,17 @@ class CustomTask(Task):
         failed = sum(fails.get(function.name, 0) for _, fails in self._recent)
         if not total or failed / total <= self.max_error_frac:
             return
-        if first_error and function.spec not in _SHOWN_TRACEBACKS:
+        if first_error and function.spec not in _SHOWN_TRACEBACKS:  # the traceback once, in the log
             _SHOWN_TRACEBACKS.add(function.spec)
-            error = f"First error:\n{first_error.rstrip()}"
-        elif first_error:
+            log.error("custom reward %s: first error:\n%s", function.spec, first_error.rstrip())
+        if first_error:  # the error itself stays one line: what a command line shows of a failure
             error = f"First error (its traceback is logged above): {first_error.strip().splitlines()[-1]}"
         else:
             error = f"Every failure was a timeout (task.timeout_s={self.timeout_s} s per response)."
         raise RewardFailureError(
             f"the reward function {function.spec} failed on {failed} of {total} responses over the last "
             f"{len(self._recent)} scored batch(es), more than task.max_error_frac={self.max_error_frac}: the run "
-            f"stops rather than train on zero rewards. {error}\nFix the function, or raise task.max_error_frac "
+            f"stops rather than train on zero rewards. {error} Fix the function, or raise task.max_error_frac "
             "(1 = never stop).")
 
     def close(self) -> None:
