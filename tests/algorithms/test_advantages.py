@@ -68,6 +68,15 @@ def test_outcome_reward_sits_on_each_responses_last_valid_token():
     assert torch.equal(got, torch.tensor([[0, 0, 1.0, 0], [0, 2.0, 0, 0], [0, 0, 0, 0]]))
 
 
+def test_a_multi_turn_episodes_outcome_reward_and_return_reach_its_earlier_turns():
+    # turn 0 (2 tokens), the environment's reply (2 tokens, mask 0), turn 1 (1 token), padding
+    mask = torch.tensor([[1.0, 1.0, 0.0, 0.0, 1.0, 0.0]])
+    got = outcome_token_rewards(torch.tensor([3.0]), mask)
+    assert torch.equal(got, torch.tensor([[0, 0, 0, 0, 3.0, 0]]))  # the last sampled token, not position sum - 1
+    rewards = got + torch.tensor([[0, 0, 9.0, 9.0, 0, 7.0]])  # 9 on the reply and 7 on padding never flow back
+    assert torch.allclose(discounted_returns(rewards, mask, 0.5), torch.tensor([[0.75, 1.5, 3.0, 3.0, 3.0, 7.0]]))
+
+
 def test_discounted_returns_by_hand_and_reset_after_the_response():
     rewards = torch.tensor([[0.0, 0.0, 1.0, 7.0]])  # 7 sits on padding: it must not flow back
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
@@ -236,3 +245,26 @@ def test_otb_weights_at_the_extremes_and_the_needed_inputs():
     empty = otb_advantages(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([0, 0]),
                            old=OldPolicyStats(torch.zeros(2, 3), torch.ones(2, 3)))
     assert torch.equal(empty, torch.zeros(2, 3))
+
+
+def test_otb_advantages_at_a_ratio_of_20():
+    """OTB's W reads pi_old only, so a policy that has moved to ratio 20 leaves A unchanged; in the PPO
+    loss (clip 0.2 / 0.24, dual-clip 10, token-mean) both of test_otb_by_hand's tokens then sit on a flat
+    branch: A > 0 clipped at -A (1 + 0.24), A < 0 capped at -A 10 (the uncapped -A r = 20 b exceeds it);
+    no gradient. Without the dual-clip the A < 0 token keeps -A r = 20 b and its gradient 20 b / N."""
+    from arlopti.algorithms import LossConfig, grpo_objective
+
+    rewards, mask = torch.tensor([[1.0], [0.0]]), torch.ones(2, 1)
+    old = torch.log(torch.tensor([[0.9], [0.5]]))
+    stats = OldPolicyStats(old, torch.tensor([[0.82], [0.5]]))
+    b = 0.02 / (0.02 + 0.5 + 1e-8)  # test_otb_by_hand's baseline
+    adv = otb_advantages(rewards, mask, torch.tensor([0, 0]), old=stats)
+    assert adv[:, 0].tolist() == pytest.approx([1 - b, -b], abs=1e-6)
+    for dual, want_loss, want_grad in ((10.0, (-(1 - b) * 1.24 + 10 * b) / 2, [0.0, 0.0]),
+                                       (None, (-(1 - b) * 1.24 + 20 * b) / 2, [0.0, 20 * b / 2])):
+        logp = (old + math.log(20.0)).requires_grad_(True)
+        cfg = LossConfig(kl_coef=0.0, clip_low=0.2, clip_high=0.24, dual_clip=dual)
+        loss, _ = grpo_objective(logp, old, adv, mask, mask, cfg)
+        loss.backward()
+        assert loss.item() == pytest.approx(want_loss, rel=1e-5)
+        assert logp.grad[:, 0].tolist() == pytest.approx(want_grad, abs=1e-6)

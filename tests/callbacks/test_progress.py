@@ -61,6 +61,18 @@ def test_compact_line_fits_80_columns_and_long_needs_a_wide_terminal():
         StepLine(style="wide")
 
 
+def test_the_step_line_shows_the_turns_of_a_multi_turn_step():
+    m = {"reward/mean": 0.5, "rollout/response_len_mean": 40.0, "turns/mean": 2.25}
+    assert format_line(1, 2, m, None, None) == "step 1/2 | reward 0.500 | len 40 | turns 2.25 | ETA ?"
+    assert format_compact(1, 2, m, None, None) == "step 1/2 rew 0.500 len 40 turns 2.2 ETA ?"
+    single = {k: v for k, v in m.items() if k != "turns/mean"}
+    assert "turns" not in format_line(1, 2, single, None, None) + format_compact(1, 2, single, None, None)
+    worst = {"reward/mean": -9.125, "reward/error": 0.5, "reward/accuracy": 1.0, "update/kl": 1.5e-10,
+             "rollout/response_len_mean": 32768, "turns/mean": 99.0}
+    line = format_compact(9_999, 9_999, worst, 9999.9, 86399)  # the turns field would pass 80 columns: left out
+    assert len(line) <= 80 and "turns" not in line and "len 32768" in line
+
+
 def test_a_step_without_a_learning_signal_says_so_and_a_run_of_them_warns(caplog):
     """Issue 38: every group's rewards equal (zero_std_group_frac = 1) means every advantage is 0."""
     from types import SimpleNamespace

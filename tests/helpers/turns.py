@@ -37,13 +37,19 @@ def turn_number(tok, ids: list[int]) -> int:
     return tok.decode(ids, skip_special_tokens=False).count("<|im_start|>assistant") - 1
 
 
-class ScriptedEngine(RolloutEngine):
-    """``generate`` answers ``say(tok, context_ids, seed) -> (text, stop)``: the turn's text, ended by the
-    EOS token unless ``stop`` (then it ends as a stop string would, no EOS). Records every call."""
+def bpe_ids(tok, text: str) -> list[int]:
+    """``text`` as the tokenizer encodes it (no special token added): what re-tokenization gives back."""
+    return list(tok(text, add_special_tokens=False)["input_ids"])
 
-    def __init__(self, tokenizer, say):
+
+class ScriptedEngine(RolloutEngine):
+    """``generate`` answers ``say(tok, context_ids, seed) -> (text, stop)``: the turn's text as ``encode``
+    spells it (default :func:`char_ids`), ended by the EOS token unless ``stop`` (then it ends as a stop
+    string would, no EOS). Records every call."""
+
+    def __init__(self, tokenizer, say, encode=char_ids):
         super().__init__()
-        self.tokenizer, self.say = tokenizer, say
+        self.tokenizer, self.say, self.encode = tokenizer, say, encode
         self.calls: list[tuple[list[list[int]], int, object, list]] = []
 
     def generate(self, prompt_ids, n, sampling, first: int = 0):
@@ -55,7 +61,7 @@ class ScriptedEngine(RolloutEngine):
             for j in range(n):
                 seed = sample_seed(sampling.seed or 0, first + i, j)
                 text, stop = self.say(tok, list(p), seed)
-                ids = char_ids(tok, text) + ([] if stop else [tok.eos_token_id])
+                ids = self.encode(tok, text) + ([] if stop else [tok.eos_token_id])
                 reason = "stop"
                 if len(ids) > sampling.max_new_tokens:
                     ids, reason = ids[:sampling.max_new_tokens], "length"

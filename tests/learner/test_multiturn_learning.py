@@ -8,12 +8,18 @@ without a space ends its episode there (and the task scores that turn). The epis
 task's reward plus the environment's, in [0, 3]. The same settings as tests/learner/test_learning.py
 otherwise: 4 prompts x 4 samples per step, T = 1, two mini-batches, lr 1e-2, fixed seeds, 30 steps.
 
-The test: the mean reward of the last 3 steps exceeds that of the first 3 by ``MARGIN``. The noise
-that margin has to clear is measured by the control (lr 1e-9, same seeds, nothing learns): its
-per-step standard deviation ``sd`` (printed with ``-s``) gives the standard deviation of a 3-vs-3
-difference, ``sd * sqrt(2/3)``; the control asserts that this stays under ``MARGIN / 4`` and that its
-own gain stays under ``MARGIN / 3``. Measured here (``pytest tests/learner/test_multiturn_learning.py -s``):
-see MARGIN's comment.
+The test: the mean reward of the last 3 steps exceeds that of the first 3 by ``MARGIN`` = 0.5.
+
+Why 0.5 is safely above the noise: the control (lr 1e-9, same seeds, nothing learns) measures it. Its 30
+per-step mean rewards have a standard deviation ``sd`` of 0.079, so the difference of two 3-step means has
+a standard deviation of 0.079 * sqrt(2/3) = 0.065: 0.5 is about 7.8 of them. Its own 3-vs-3 gain was
+-0.010. The control asserts that the difference's standard deviation stays under ``MARGIN / 4`` and its
+own gain under ``MARGIN / 3``. The learning run went from 0.635 to 1.971 (gain 1.34, 2.7 times the
+margin), its episodes running 2.7 turns on average at both ends. Measured with
+``pytest tests/learner/test_multiturn_learning.py -s`` (which prints all of these), on CPU, about 9 s a run.
+While the outcome reward sat at position ``sum(mask) - 1`` of an episode (an environment token as often as
+not, which zeroed its advantage; arlopti.algorithms.advantages.outcome_token_rewards now puts it on the
+last sampled token), the same run gained only 0.33: under the margin.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from arlopti.tasks.base import _TASKS, RewardResult, Task, register_task
 from arlopti.tasks.env.toy import letter_share
 
 STEPS = 30
-MARGIN = 0.5  # set from the control's noise, see the module docstring
+MARGIN = 0.5  # about 7.8 standard deviations of the control's 3-vs-3 difference (module docstring)
 
 
 class LetterShareTask(Task):

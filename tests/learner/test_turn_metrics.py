@@ -24,7 +24,8 @@ def test_segments_and_the_numbers_by_hand():
     # episode 0: turn 0 (3 tokens), a reply (2), turn 1 (10), a reply (1), turn 2 (2); episode 1: one turn of 4
     a = [1] * 3 + [0] * 2 + [1] * 10 + [0] + [1] * 2
     b = [1] * 4
-    exp = build_experience([[1, 2], [1, 2]], [[episode(a, 3, retokenize_diff=1), episode(b, 1)]],
+    drifted = episode(a, 3, retokenize_diff=1, retokenize_diff_tokens=5)
+    exp = build_experience([[1, 2], [1, 2]], [[drifted, episode(b, 1)]],
                            [RewardResult(1.0, True), RewardResult(0.0, False)], pad_id=0)
     seg = segments(exp.turn_index)
     assert [int(seg[k].sum()) for k in ("first_turn", "later_turns", "after_reply", "rest")] == [7, 12, 10, 9]
@@ -38,6 +39,7 @@ def test_segments_and_the_numbers_by_hand():
     v = m.as_dict()
     assert v["turns/mean"] == 2.0 and v["turns/max"] == 3.0 and v["turns/tool_calls"] == 2.0
     assert v["turns/env_token_frac"] == 3 / 22 and v["turns/retokenize_diff_frac"] == 0.5
+    assert v["turns/retokenize_diff_tokens"] == 5
     assert v["turns/reward/3"] == 1.0 and v["turns/reward/1"] == 0.0 and v["timing/env_s"] == 1.0
     assert abs(v["turns/after_reply/low_prob_frac"] - 8 / 10) < 1e-7 and v["turns/rest/low_prob_frac"] == 0.0
     assert abs(v["turns/later_turns/low_prob_frac"] - 8 / 12) < 1e-7 and v["turns/first_turn/tokens"] == 7

@@ -12,11 +12,12 @@ from arlopti.prompts.batch import collate_prompts
 from arlopti.prompts.records import PromptRecord, tokenize_records
 from arlopti.rollout.chat_encoding import ChatEncoding
 from arlopti.rollout.engine import SamplingConfig
+from arlopti.rollout.retokenization import Conversation, drift, retokenization_drift
 from arlopti.rollout.source import collect_groups
 from arlopti.rollout.turns import build_turn_loop
 from arlopti.tasks.env import EnvError, TextEnv
 from arlopti.tasks.env.loading import register_env
-from helpers.turns import CountEnv, NullEnv, ScriptedEngine, char_ids, counting, turn_number
+from helpers.turns import CountEnv, NullEnv, ScriptedEngine, bpe_ids, char_ids, counting, turn_number
 
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=16, seed=5, logprobs=True)
 
@@ -68,6 +69,46 @@ def test_the_trained_ids_are_the_sampled_ids_and_the_encoded_replies(tiny_tokeni
     # turn 0 is the single-turn call (G per prompt, the round's seed); later turns one request per episode
     assert [(len(p), n) for p, n, _, _ in engine.calls] == [(2, 2), (4, 1), (4, 1)]
     assert engine.calls[1][2].seed != SAMPLING.seed
+
+
+def test_drift_counts_the_span_between_the_first_and_the_last_difference():
+    assert drift([1, 2, 3], [1, 2, 3]) == (False, 0)
+    assert drift([1, 2, 3, 4, 5], [1, 2, 9, 9, 9, 5]) == (True, 3)  # the longer side 6, prefix 2, suffix 1
+    assert drift([1, 2], [1, 2, 3]) == (True, 1) and drift([7, 1], [1]) == (True, 1)
+    assert drift([1, 1], [1, 1, 1]) == (True, 1)  # the suffix does not overlap the prefix
+
+    class Refusing:  # a chat template that raises on the conversation renders nothing: every token differs
+        has_template, special = True, set()
+
+        class tokenizer:
+            def apply_chat_template(*args, **kwargs):
+                raise ValueError("Conversation roles must alternate user/assistant/user/assistant")
+
+    assert retokenization_drift(Refusing, Conversation([{"role": "user", "content": "x"}]), [1], [2, 3]) == (True, 3)
+
+
+def test_the_retokenization_metric_re_renders_the_whole_conversation(tiny_tokenizer):
+    """Turns spelled as the tokenizer encodes them re-render to the trained ids (prompt, turns, replies; a last
+    turn cut at its limit too); one turn spelled otherwise differs over that turn only."""
+    tok = tiny_tokenizer
+
+    def measured(encode, say=counting, **rollout):
+        cfg = RolloutConfig(**{"max_turns": 4, "max_new_tokens": 16, **rollout})
+        loop = build_turn_loop(cfg, EnvConfig(env=register_env(CountEnv)), tok)
+        batch = batch_of(tok)
+        groups = collect_groups(ScriptedEngine(tok, say, encode).generate, batch.prompt_ids, 2, SAMPLING, turns=loop,
+                                batch=batch)
+        return {(e.meta["retokenize_diff"], e.meta["retokenize_diff_tokens"]) for g in groups for e in g}
+
+    assert measured(bpe_ids) == {(0, 0)}
+    def cut(tok, ctx, seed):  # the second turn passes its 6 tokens
+        return ("t0" if turn_number(tok, ctx) == 0 else "the end of a long answer"), False
+
+    assert measured(bpe_ids, cut, max_turns=2, max_new_tokens=6, max_episode_tokens=60) == {(0, 0)}
+    odd = lambda tok, text: (char_ids if text == "done" else bpe_ids)(tok, text)  # noqa: E731
+    eos = [tok.eos_token_id]
+    span = drift(char_ids(tok, "done") + eos, bpe_ids(tok, "done") + eos)
+    assert span[0] and measured(odd) == {(1, span[1])}
 
 
 def test_one_turn_with_an_environment_samples_the_single_turn_tokens(tiny_tokenizer):
@@ -158,7 +199,9 @@ def test_a_tool_that_raises_returns_too_much_or_hangs_gives_an_error_reply_and_i
     assert "error: the call did not return within 0.3 s" in text
     assert e.meta["turns"] == 4 and e.meta["tool_errors"] == 2 and e.meta["tool_timeouts"] == 1
     assert e.finish_reason == "stop" and e.meta["tool_calls"] == 3  # after the hang the env is not called again
-    assert loop.calls.recent[-1][:2] == (3, 3)  # 3 steps, each failed (the second: its reply was refused)
+    r = loop.calls.recent[-1]
+    assert (r.by_name["step"], r.failed_by_name["step"]) == (3, 3)  # each failed (the second: its reply was refused)
+    assert (r.by_name["reset"], r.failed_by_name["reset"]) == (1, 0)
 
 
 def test_too_many_failures_stop_the_run_naming_the_environment(tiny_tokenizer):
@@ -174,8 +217,9 @@ def test_too_many_failures_stop_the_run_naming_the_environment(tiny_tokenizer):
     cfg = RolloutConfig(max_turns=2, max_new_tokens=16)
     loop = build_turn_loop(cfg, EnvConfig(env=register_env(Broken), max_error_frac=0.5), tok)
     batch = batch_of(tok)
-    with pytest.raises(EnvError, match=r"Broken failed on 4 of its 4 calls over the last 1 rollout round\(s\) "
-                                       r"\(step 4 of 4\).*task.max_error_frac=0.5.*no database"):
+    with pytest.raises(EnvError, match=r"Broken: step failed on 4 of its 4 calls over the last 1 rollout round\(s\), "
+                                       r"more than task.max_error_frac=0.5 \(every call: step 4 of 4, reset 0 of 4\)"
+                                       r".*First error of step: RuntimeError: no database"):
         collect_groups(ScriptedEngine(tok, counting).generate, batch.prompt_ids, 2, SAMPLING, turns=loop,
                        batch=batch)
 

@@ -17,6 +17,7 @@ from arlopti.rollout.chat_encoding import ChatEncoding
 from arlopti.rollout.engine import SamplingConfig
 from arlopti.rollout.source import collect_groups
 from arlopti.rollout.turns import build_turn_loop
+from arlopti.tasks.env import EnvError
 from arlopti.tasks.env.loading import register_env
 from helpers.turns import TOOL_TEMPLATE, IncrementEnv, ScriptedEngine, turn_number
 
@@ -43,13 +44,14 @@ def solver(tok, ctx, seed):
     return call("increment", step=target + (random.Random(seed).random() < 0.5)), False
 
 
-def run(tok, say, prompts=2, group=4, env=IncrementEnv, frac=0.5):
+def run(tok, say, prompts=2, group=4, env=IncrementEnv, frac=0.5, tokens=256):
     recs = [PromptRecord(uid=f"p/{i}", ground_truth=None, task="toy", messages=[{"role": "user", "content": f"Go {i}. "}])
             for i in range(prompts)]
     batch = collate_prompts(tokenize_records(recs, tok, 1024, "test")[0])
-    loop = build_turn_loop(RolloutConfig(max_turns=3, max_new_tokens=256, max_reply_tokens=512), EnvConfig(env=register_env(env), max_error_frac=frac), tok)
+    loop = build_turn_loop(RolloutConfig(max_turns=3, max_new_tokens=tokens, max_reply_tokens=512),
+                           EnvConfig(env=register_env(env), max_error_frac=frac), tok)
     engine = ScriptedEngine(tok, say)
-    sampling = SamplingConfig(temperature=1.0, max_new_tokens=256, seed=11, logprobs=True)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=tokens, seed=11, logprobs=True)
     return collect_groups(engine.generate, batch.prompt_ids, group, sampling, turns=loop, batch=batch), batch
 
 
@@ -92,8 +94,43 @@ def test_bad_tool_calls_get_error_replies(tool_tok):
     assert "error: ToolCallError: increment(step): missing a required argument: 'step'" in text
     assert "<tool_response>\n3\n</tool_response>" in text
     assert e.meta["tool_calls"] == 4 and e.meta["tool_errors"] == 3 and e.meta["turns"] == 3
-    from arlopti.tasks.env import EnvError
-
-    with pytest.raises(EnvError, match=r"failed on 3 of its 4 calls .*\(decrement 1 of 1, increment 1 of 2, "
-                                       r"unknown 1 of 1\)"):  # each tool named with its failures
+    # calls naming no tool (decrement) or unparsable count as "unknown"; increment failed on 1 of its 2 calls
+    with pytest.raises(EnvError, match=r"IncrementEnv: unknown failed on 2 of its 2 calls .*\(every call: unknown 2 "
+                                       r"of 2, increment 1 of 2, get_reward 0 of 1, reset 0 of 1\)"):
         run(tok, say, prompts=1, group=1, frac=0.5)
+
+
+class TwoTools:
+    """A busy healthy tool beside one that always fails."""
+
+    def reset(self, **kwargs) -> str | None:
+        return None
+
+    def echo(self, text: str) -> str:
+        """
+        Echo the text.
+
+        Args:
+            text: What to echo.
+        """
+        return text
+
+    def lookup(self, key: str) -> str:
+        """
+        Look a key up.
+
+        Args:
+            key: The key.
+        """
+        raise KeyError(key)
+
+
+def test_a_tool_failing_every_time_beside_a_busy_healthy_one_stops_the_run_naming_it(tool_tok):
+    def say(tok, ctx, seed):  # turn 0: five echoes and one lookup (1 failure in 6 calls: under 0.5 pooled)
+        return ("".join(call("echo", text=str(i)) for i in range(5)) + call("lookup", key="k")
+                if turn_number(tok, ctx) == 0 else "done"), False
+
+    with pytest.raises(EnvError, match=r"TwoTools: lookup failed on 4 of its 4 calls over the last 1 rollout "
+                                       r"round\(s\), more than task.max_error_frac=0.5 \(every call: lookup 4 of 4, "
+                                       r"echo 0 of 20, reset 0 of 4\).*First error of lookup: KeyError: 'k'"):
+        run(tool_tok, say, prompts=1, group=4, env=TwoTools, tokens=512)

@@ -22,7 +22,8 @@ is the outcome reward itself) and broadcast the advantage to its tokens; the REI
 are per token:
 
 * ``reinforce_pp``          G_t = Σ_{k≥t} γ^{k−t} r_k (the return, reset after the response's last
-                            valid token), then whitened over every valid token of the batch:
+                            valid token; environment tokens inside a multi-turn episode pass it on
+                            unchanged, :func:`discounted_returns`), then whitened over every valid token of the batch:
                             (G − μ) / sqrt(σ² + 1e-8), μ and σ² (unbiased, n/(n−1)) over all ranks.
                             Restates ``compute_reinforce_plus_plus_outcome_advantage`` and
                             ``masked_whiten``/``masked_var`` (zhyang2226/AR-Lopti,
@@ -103,10 +104,12 @@ def _local(t: Tensor) -> Tensor:
 
 
 def outcome_token_rewards(rewards: Tensor, response_mask: Tensor) -> Tensor:
-    """``[B]`` → ``[B, T]``: each response's reward on its last valid token, 0 elsewhere (a response
-    with no valid token gets none). verl's ``token_level_scores``."""
+    """``[B]`` → ``[B, T]``: each response's reward on its last valid token (the last position where the
+    mask is 1, also when the mask has holes: the environment's tokens inside a multi-turn episode), 0
+    elsewhere (a response with no valid token gets none). verl's ``token_level_scores``."""
     mask = response_mask.to(torch.float32)
-    last = (mask.sum(-1).long() - 1).clamp(min=0)
+    positions = torch.arange(1, mask.shape[-1] + 1, device=mask.device, dtype=mask.dtype)
+    last = (mask * positions).argmax(-1)
     out = torch.zeros_like(mask)
     out[torch.arange(mask.shape[0], device=mask.device), last] = rewards.to(mask)
     return out * mask
@@ -127,15 +130,20 @@ def masked_whiten(values: Tensor, mask: Tensor, reduce: Reduce = _local) -> Tens
 
 
 def discounted_returns(token_rewards: Tensor, response_mask: Tensor, gamma: float) -> Tensor:
-    """G_t = r_t + γ·G_{t+1} from the end, the running return reset to 0 wherever the mask is 0
-    (official loop: after EOS nothing flows back into the response)."""
+    """G_t = r_t + γ·G_{t+1} from the end, the running return reset to 0 after each response's last
+    valid token (official loop: after EOS nothing flows back into the response). A masked position
+    before it (an environment token inside a multi-turn episode) passes the return on unchanged, so a
+    later turn's reward reaches the earlier turns as if the environment's tokens were not there; the
+    returns there are masked out by the callers. With a mask without holes: the official loop."""
     mask = response_mask.to(token_rewards.dtype)
+    inside = mask.flip(-1).cummax(-1).values.flip(-1)  # 1 up to and including the last valid token
+    hole = (inside > 0) & (mask == 0)
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros_like(token_rewards[:, 0])
     for t in reversed(range(token_rewards.shape[1])):
-        running = token_rewards[:, t] + gamma * running
+        running = torch.where(hole[:, t], running, token_rewards[:, t] + gamma * running)
         returns[:, t] = running
-        running = running * mask[:, t]
+        running = running * inside[:, t]
     return returns
 
 

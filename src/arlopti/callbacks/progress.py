@@ -163,6 +163,8 @@ def format_line(step: int, total: float, metrics: dict[str, float], step_s: floa
 COMPACT_FIELDS = (("rew", "reward/mean", "{:.3f}"), ("acc", "reward/accuracy", "{:.3f}"),
                   ("kl", "update/kl", "{:.1e}"), ("len", "rollout/response_len_mean", "{:.0f}"),
                   ("turns", "turns/mean", "{:.1f}"))
+#: The compact line's most characters (an 80-column terminal).
+COMPACT_COLUMNS = 80
 #: Terminal columns from which the long line is used (Hydra's console prefix takes about 50).
 LONG_LINE_COLUMNS = 160
 
@@ -172,8 +174,9 @@ def format_compact(step: int, total: float, metrics: dict[str, float], step_s: f
     """The line for an 80-column terminal or a log file: ``step 3/10 rew -1.250 acc 0.125
     kl 1.0e-03 len 85 ETA 0:00:29`` (``err`` after ``rew`` when some reward call failed; ``(no signal)``
     instead of ``acc`` on a step without a learning signal, the ``no_signal`` key; entropy,
-    clip, tok/s, the step time and the rollout workers' side only in the long form, and in the loggers). At most 80
-    characters for up to 9,999 steps, |reward| < 10 and an ETA under a day."""
+    clip, tok/s, the step time and the rollout workers' side only in the long form, and in the loggers). At most
+    :data:`COMPACT_COLUMNS` characters: fields that would pass them are left out from the end (``turns`` first,
+    then ``len``), which for up to 9,999 steps, |reward| < 10 and an ETA under a day only happens with turns."""
     parts = [f"step {step}/{int(total) if math.isfinite(total) else '?'}"]
     flat = bool(metrics.get("no_signal"))
     for label, tag, fmt in COMPACT_FIELDS:
@@ -183,8 +186,10 @@ def format_compact(step: int, total: float, metrics: dict[str, float], step_s: f
             parts.append(f"{label} {fmt.format(float(metrics[tag]))}")
         if tag == "reward/mean" and reward_error_fraction(metrics) > 0:
             parts.append(f"err {reward_error_fraction(metrics):.2f}")
-    parts.append(f"ETA {format_duration(eta_s)}")
-    return " ".join(parts)
+    eta = f"ETA {format_duration(eta_s)}"
+    while len(" ".join([*parts, eta])) > COMPACT_COLUMNS and len(parts) > 1:
+        parts.pop()
+    return " ".join([*parts, eta])
 
 
 def async_fields(metrics: dict[str, float]) -> list[str]:

@@ -522,8 +522,9 @@ class EnvConfig:
     tool_format: str = setting("hermes", "how the model writes a tool call (TRL-contract environments)",
                                choices=_choices_from("arlopti.tasks.env.tools", "TOOL_FORMATS"))
     max_error_frac: float | None = setting(
-        0.5, "stop the run when more than this fraction of the environment's calls (steps, tools) over the last "
-             "error_window rollout rounds failed (raised, timed out, a reply too long); 1 or null = never stop",
+        0.5, "stop the run when more than this fraction of one tool's calls (or of step's, reset's, get_reward's) "
+             "over the last error_window rollout rounds failed (raised, timed out, a reply too long); each tool is "
+             "judged on its own calls; 1 or null = never stop",
         range="[0, 1]")
     error_window: int = setting(5, "rollout rounds (each rollout step, and each DAPO dynamic-sampling round) the "
                                    "environment's failure fraction is taken over", range="[1, inf)")

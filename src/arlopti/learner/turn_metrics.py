@@ -7,7 +7,8 @@ Added to a step's :class:`~arlopti.learner.metric_set.MetricSet` by
 **Per episode** (``Experience.episode_metas``, :mod:`arlopti.rollout.turns`): model turns (mean, max),
 tool calls, tool errors and timeouts (sums), the share of environment tokens among the response
 tokens, the episodes rolled back at the episode limit or stopped by ``rollout.max_turns``, the
-episodes a re-tokenization would change, the reward by number of turns, and the seconds spent in the
+episodes a re-tokenization of the conversation would change and the tokens it would change (the
+lengths of their differing spans, summed; :mod:`arlopti.rollout.retokenization`), the reward by number of turns, and the seconds spent in the
 environment (``timing/env_s``).
 
 **By token segment**, over the sampled tokens only (``turn_index >= 0``: environment tokens never
@@ -40,7 +41,7 @@ HEAD_TOKENS = 8
 #: The mismatch statistics reported per segment (``mismatch/<name>`` of the mismatch metrics).
 MISMATCH_NAMES = ("abs_diff_mean", "k3_kl", "ratio_outside_frac")
 #: Per-episode counts (``Episode.meta``) reported as ``turns/<name>`` sums.
-EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts")
+EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "retokenize_diff_tokens")
 #: Per-episode flags reported as ``turns/<name>_frac`` (the share of the episodes).
 EPISODE_FLAGS = ("episode_limit", "turn_limit", "retokenize_diff")
 

@@ -19,9 +19,9 @@ fixed by PR #5242; verl's ``tokenization_sanity_check_mode``).
 * :meth:`ChatEncoding.prompt_ids`: a prompt re-rendered from its messages, with the environment's
   tools and first message, as :func:`arlopti.prompts.records.render_prompt` renders one (the
   template's text, then the assistant prefix, encoded without special tokens added).
-* :meth:`ChatEncoding.retokenizes_differently`: whether decoding an episode's ids and encoding the
-  text again gives other ids: what a pipeline that re-tokenized the conversation would train on
-  instead (the metric ``turns/retokenize_diff_frac``).
+
+What a pipeline that re-rendered the whole conversation would train on instead is measured by
+:mod:`arlopti.rollout.retokenization` (the metrics ``turns/retokenize_diff_*``).
 """
 
 from __future__ import annotations
@@ -86,12 +86,6 @@ class ChatEncoding:
                                "schema. Use a model whose template renders tools (Qwen2.5, Qwen3, Llama 3.1+), or "
                                "the text contract (a step(text) method) with a protocol in the prompt")
         return self.text_ids(text + assistant_prefix)
-
-    # ------------------------------------------------------------------ the drift check
-    def retokenizes_differently(self, ids: list[int]) -> bool:
-        """Whether ``encode(decode(ids))`` (special tokens kept) differs from ``ids``."""
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return self.text_ids(text) != list(ids)
 
 
 __all__ = ["ChatEncoding"]

@@ -13,12 +13,18 @@
   a prompt start from the same state. Other generators (numpy's, torch's) are not touched;
 * one at a time, in the episodes' order (their draws from ``random`` then never interleave).
 
-The counts (:attr:`EnvCalls.round`: calls, errors, timeouts and the first error's text) are kept
-per round (one :meth:`arlopti.rollout.turns.TurnLoop.run`); :meth:`EnvCalls.end_round` applies the
-stop rule of ``task.max_error_frac`` over the last ``task.error_window`` rounds (the custom task's
-rule for reward functions, :mod:`arlopti.tasks.custom`): past it the run stops with
-:class:`~arlopti.tasks.env.base.EnvError` naming the environment, the failures of each call name (``step``,
-a tool's name, ``get_reward``) and the first error.
+The counts (:attr:`EnvCalls.round`: calls, errors, timeouts, per call name, and each name's first
+error) are kept per round (one :meth:`arlopti.rollout.turns.TurnLoop.run`). A call's name is the
+tool's (a call naming no tool of the environment, or one that could not be parsed, is ``unknown``),
+or ``reset``, ``step`` or ``get_reward``; ``close`` is not counted. :meth:`EnvCalls.end_round`
+applies the stop rule of ``task.max_error_frac`` to each name on its own, over the last
+``task.error_window`` rounds (the custom task's rule for reward functions, :mod:`arlopti.tasks.custom`):
+a name whose failures (raised, timed out, a reply refused for its size) exceed ``task.max_error_frac``
+of its own calls stops the run with :class:`~arlopti.tasks.env.base.EnvError` naming the environment,
+each such name with its failures and calls, the failures of every name, and the first error of the
+worst. There is no minimum number of calls (as for reward functions): a name called once in the window
+that failed stops the run at any ``task.max_error_frac`` below 1. A busy healthy tool does not hide a
+broken one.
 """
 
 from __future__ import annotations
@@ -53,15 +59,17 @@ class CallResult:
 
 @dataclass
 class RoundCounts:
-    """The counted calls (steps and tools) of one round, their failures, and the first error's traceback."""
+    """The counted calls of one round (every call but ``close``), their failures, and the first error's
+    traceback, in all and per call name (module docstring)."""
 
     calls: int = 0
     errors: int = 0
     timeouts: int = 0
     first_error: str = ""
     seconds: float = 0.0
-    by_name: Counter = field(default_factory=Counter)  # calls per name ("step", a tool's name, "get_reward")
+    by_name: Counter = field(default_factory=Counter)  # calls per name ("step", a tool's name, "get_reward", ...)
     failed_by_name: Counter = field(default_factory=Counter)
+    first_error_by_name: dict = field(default_factory=dict)
 
 
 def _last_line(err: BaseException) -> str:
@@ -81,7 +89,7 @@ class EnvCalls:
 
     def call(self, fn: Callable, *args, seed: int, counted: bool = True, what: str = "step", **kwargs) -> CallResult:
         """``fn(*args, **kwargs)`` under the timeout with ``random`` seeded by ``seed``; ``counted`` calls
-        (steps and tools) enter the failure counts under the name ``what``."""
+        (all but ``close``) enter the failure counts under the name ``what`` (module docstring)."""
         box: dict[str, Any] = {}
 
         def target():
@@ -121,14 +129,15 @@ class EnvCalls:
         r.failed_by_name[what] += int(not result.ok)
         r.errors += int(result.error is not None)
         r.timeouts += int(result.timeout)
-        if result.error is not None and not r.first_error:
-            r.first_error = detail or result.error
+        if result.error is not None:
+            r.first_error = r.first_error or detail or result.error
+            r.first_error_by_name.setdefault(what, detail or result.error)
 
     def end_round(self) -> RoundCounts:
         """Close the round: log its failures, apply the stop rule (module docstring), start a new round."""
         r, self.round = self.round, RoundCounts()
         failed = r.errors + r.timeouts
-        self.recent.append((r.calls, failed, r.by_name, r.failed_by_name))
+        self.recent.append(r)
         if failed:
             log.warning("environment %s: %d of %d calls failed this round (%d raised or were refused, %d timed out "
                         "at task.env_timeout_s=%s s)", self.name, failed, r.calls, r.errors, r.timeouts, self.timeout_s)
@@ -136,27 +145,32 @@ class EnvCalls:
                 self._shown = True
                 log.warning("environment %s: first error (later ones are only counted):\n%s", self.name,
                             r.first_error)
-        self._stop_if_failing(r)
+        self._stop_if_failing()
         return r
 
-    def _stop_if_failing(self, r: RoundCounts) -> None:
+    def _stop_if_failing(self) -> None:
+        """Raise past ``task.max_error_frac`` for any call name over the window (module docstring)."""
         if self.max_error_frac is None or self.max_error_frac >= 1:
             return
-        total = sum(c for c, *_ in self.recent)
-        failed = sum(f for _, f, *_ in self.recent)
-        if not total or failed / total <= self.max_error_frac:
-            return
         calls, fails = Counter(), Counter()
-        for _, _, c, f in self.recent:
-            calls.update(c)
-            fails.update(f)
-        named = ", ".join(f"{k} {fails[k]} of {calls[k]}" for k in sorted(calls, key=lambda k: (-fails[k], k)))
-        why = (f"First error: {r.first_error.strip().splitlines()[-1]}" if r.first_error else
-               f"Every failure was a timeout (task.env_timeout_s={self.timeout_s} s per call).")
-        raise EnvError(f"the environment {self.name} failed on {failed} of its {total} calls over the last "
-                       f"{len(self.recent)} rollout round(s) ({named}), more than task.max_error_frac="
-                       f"{self.max_error_frac}: the run stops rather than train on broken episodes. {why}\nFix the "
-                       "environment, or raise task.max_error_frac (1 = never stop).")
+        for past in self.recent:
+            calls.update(past.by_name)
+            fails.update(past.failed_by_name)
+        failing = sorted((k for k in calls if fails[k] > self.max_error_frac * calls[k]),
+                         key=lambda k: (-fails[k] / max(calls[k], 1), -calls[k], k))
+        if not failing:
+            return
+        worst = failing[0]
+        first = next((past.first_error_by_name[worst] for past in reversed(self.recent)
+                      if worst in past.first_error_by_name), "")
+        why = (f"First error of {worst}: {first.strip().splitlines()[-1]}" if first else
+               f"Every failure of {worst} was a timeout (task.env_timeout_s={self.timeout_s} s per call).")
+        named = ", ".join(f"{k} failed on {fails[k]} of its {calls[k]} calls" for k in failing)
+        every = ", ".join(f"{k} {fails[k]} of {calls[k]}" for k in sorted(calls, key=lambda k: (-fails[k], k)))
+        raise EnvError(f"the environment {self.name}: {named} over the last {len(self.recent)} rollout round(s), "
+                       f"more than task.max_error_frac={self.max_error_frac} (every call: {every}): the run stops "
+                       f"rather than train on broken episodes. {why}\nFix the environment, or raise "
+                       "task.max_error_frac (1 = never stop).")
 
 
 __all__ = ["CallResult", "EnvCalls", "RoundCounts"]

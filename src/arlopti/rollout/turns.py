@@ -38,7 +38,9 @@ when the environment re-rendered the prompt, and in ``meta``: ``turns``, ``tool_
 text environment count as calls), ``tool_errors``, ``tool_timeouts``, ``env_tokens``, ``env_reward``
 (the sum of the steps' rewards, or TRL's ``get_reward()``), ``episode_limit`` (1: rolled back at the
 episode limit), ``turn_limit`` (1: a reply was due after the last allowed turn), ``retokenize_diff``
-(1: decoding the episode's ids and encoding them again gives other ids), ``env_s`` (seconds in the
+(1: the conversation re-rendered by the chat template and encoded differs from the prompt and the
+episode's ids) and ``retokenize_diff_tokens`` (the length of the span where they differ;
+:mod:`arlopti.rollout.retokenization`), ``env_s`` (seconds in the
 environment) and ``transcript`` (the episode as text, the environment's parts between ``[[env]]`` and
 ``[[/env]]``). :func:`with_env_rewards` adds ``env_reward`` to the task's reward.
 """
@@ -54,6 +56,7 @@ from arlopti.rollout.chat_encoding import ChatEncoding
 from arlopti.rollout.engine import Completion, SamplingConfig
 from arlopti.rollout.env_calls import CallResult, EnvCalls
 from arlopti.rollout.episode import Episode
+from arlopti.rollout.retokenization import Conversation, retokenization_drift
 from arlopti.rollout.seeds import env_seed, turn_seed
 from arlopti.tasks.base import RewardResult
 from arlopti.tasks.env.base import EnvError
@@ -115,6 +118,7 @@ class _Running:
     sample: int
     env: object
     context: list[int]
+    conversation: Conversation
     tools: dict = field(default_factory=dict)
     ids: list[int] = field(default_factory=list)
     trainable: list[int] = field(default_factory=list)
@@ -215,9 +219,10 @@ class TurnLoop:
             except Exception as err:  # noqa: BLE001 - user code
                 raise EnvError(f"the environment {self.spec.name}: building an instance failed "
                                f"({type(err).__name__}: {err})") from None
-            group.append(_Running(i, j, env, [], tools={} if self.spec.text else tool_methods(env)))
+            tools = {} if self.spec.text else tool_methods(env)
+            group.append(_Running(i, j, env, [], Conversation(None), tools=tools))
             reset = (lambda env=env: env.reset(dict(p.row))) if self.spec.text else (lambda env=env: env.reset(**p.row))
-            r = self.calls.call(reset, seed=env_seed(base, "reset", i), counted=False)
+            r = self.calls.call(reset, seed=env_seed(base, "reset", i), what="reset")
             group[-1].seconds += r.seconds
             if not r.ok:
                 raise EnvError(f"the environment {self.spec.name}: reset on prompt {p.uid} "
@@ -234,15 +239,18 @@ class TurnLoop:
                            "a group's episodes must start from the same state (its advantage baseline compares them): "
                            "derive the state from the row, or draw it from Python's random, which is seeded the same "
                            "for the group")
-        ids = self._prompt_ids(p, firsts[0])
+        ids, messages = self._prompt_ids(p, firsts[0])
         for e in group:
             e.context = list(ids)
+            e.conversation = Conversation(None if messages is None else [dict(m) for m in messages],
+                                          self.spec.tools or None, p.assistant_prefix)
         return group, ids
 
-    def _prompt_ids(self, p: EpisodePrompt, first: str | None) -> list[int]:
-        """The prompt's ids, re-rendered with the first message and the tools when there are any."""
+    def _prompt_ids(self, p: EpisodePrompt, first: str | None) -> tuple[list[int], list[dict] | None]:
+        """The prompt's ids, re-rendered with the first message and the tools when there are any, and
+        the messages they render (None: a raw-text prompt)."""
         if first is None and not self.spec.tools:
-            return list(p.ids)
+            return list(p.ids), p.messages
         if p.messages is None:
             what = "reset returned a first message" if first is not None else "the environment has tools"
             raise EnvError(f"the environment {self.spec.name}: {what}, but prompt {p.uid} is raw text, not chat "
@@ -254,7 +262,7 @@ class TurnLoop:
                 messages.append({"role": "user", "content": first})
             else:  # TRL: the observation is appended to the last message's content
                 messages[-1] = {**messages[-1], "content": messages[-1]["content"] + first}
-        return self.enc.prompt_ids(messages, self.spec.tools, p.assistant_prefix)
+        return self.enc.prompt_ids(messages, self.spec.tools, p.assistant_prefix), messages
 
     # ------------------------------------------------------------------ a turn
     def _add_turn(self, e: _Running, c: Completion, budget: int) -> None:
@@ -263,7 +271,9 @@ class TurnLoop:
         lps = None if c.logprobs is None else list(c.logprobs[:budget])
         e.add(ids, True, lps)
         e.turn_ids = ids
-        e.text = self.enc.tokenizer.decode(ids, skip_special_tokens=True) if cut else c.text
+        decoded = self.enc.tokenizer.decode(ids, skip_special_tokens=True)
+        e.conversation.add_turn(decoded)
+        e.text = decoded if cut else c.text
         e.turns += 1
         if cut or c.finish_reason == "length":
             e.end("length")
@@ -281,21 +291,29 @@ class TurnLoop:
             e.turn_limit = True
             e.end("stop")
             return
-        ids = self._reply_ids(e, messages)
+        ids, messages, prefix = self._reply_ids(e, messages)
         if len(e.ids) + len(ids) >= self.limits.episode_tokens:  # no room left for the next turn: roll back
             e.episode_limit = True
             e.end("length")
             return
         e.add(ids, False)
+        e.conversation.add_reply(messages, prefix)
 
-    def _call(self, e: _Running, fn, seed: int, counted: bool = True, what: str = "step") -> CallResult:
-        r = self.calls.call(fn, seed=seed, counted=counted, what=what)
+    def _call(self, e: _Running, fn, seed: int, what: str = "step", tool: bool = True) -> CallResult:
+        """A counted call of ``e``'s environment named ``what``; ``tool``: also one of the episode's tool
+        calls (a step or a tool), its failure one of its tool errors or timeouts."""
+        r = self.calls.call(fn, seed=seed, what=what)
         e.seconds += r.seconds
-        if counted:
+        if tool:
             e.calls += 1
             e.errors += int(r.error is not None)
             e.timeouts += int(r.timeout)
         return r
+
+    @staticmethod
+    def _call_name(e: _Running, name: str | None) -> str:
+        """The name a tool call is counted under: the tool's, or ``unknown`` for a name ``e`` has no tool of."""
+        return name if name in e.tools else "unknown"
 
     def _step(self, e: _Running, turn: int, base: int) -> list[dict] | None:
         """The text contract's step: the reply as a user message, or None when the episode ends."""
@@ -330,7 +348,7 @@ class TurnLoop:
         out = []
         for k, call in enumerate(calls):
             r = self._call(e, lambda call=call: call_tool(e.tools, call),
-                           env_seed(base, f"tool{k}", e.prompt, e.sample, turn), what=call.name or "unknown")
+                           env_seed(base, f"tool{k}", e.prompt, e.sample, turn), what=self._call_name(e, call.name))
             out.append({"role": "tool", "name": call.name or "unknown",
                         "content": r.value if r.ok else self._failure(e, r)})
             if r.timeout:
@@ -344,9 +362,10 @@ class TurnLoop:
             return f"error: the call did not return within {self.calls.timeout_s:g} s"
         return f"error: {r.error}"
 
-    def _reply_ids(self, e: _Running, messages: list[dict]) -> list[int]:
-        """``messages`` encoded after ``e``'s last turn; a reply over ``max_reply_tokens`` becomes an
-        error reply (the call that made it counts as failed)."""
+    def _reply_ids(self, e: _Running, messages: list[dict]) -> tuple[list[int], list[dict], str]:
+        """``messages`` encoded after ``e``'s last turn, the messages encoded and the text appended after
+        them (the environment's ``turn_prefix``); a reply over ``max_reply_tokens`` becomes an error
+        reply (the call that made the longest message counts as failed)."""
         limit = self.limits.max_reply_tokens
         as_message = self.enc.has_template and self.enc.ended_turn(e.turn_ids)
         text = "".join(str(m["content"]) for m in messages)
@@ -356,21 +375,23 @@ class TurnLoop:
         if ids is None or len(ids) > limit:
             size = f"{len(ids)} tokens" if ids is not None else f"{len(text)} characters"
             error = f"error: the reply was too long ({size}; the limit is {limit} tokens)"
-            self.calls.count(CallResult(error=error), error, new_call=False,  # the call that made it failed
-                             what=messages[0].get("name", "step"))
+            longest = max(messages, key=lambda m: len(str(m["content"])))
+            what = self._call_name(e, longest.get("name")) if longest["role"] == "tool" else "step"
+            self.calls.count(CallResult(error=error), error, new_call=False, what=what)  # the call that made it failed
             e.errors += 1
-            first = messages[0]
-            ids = self.enc.reply_ids([{**first, "content": error}]) if as_message else self.enc.text_ids(error)
-        if as_message and self.spec.turn_prefix:
-            ids = ids + self.enc.text_ids(self.spec.turn_prefix)
-        return ids
+            messages = [{**messages[0], "content": error}]
+            ids = self.enc.reply_ids(messages) if as_message else self.enc.text_ids(error)
+        prefix = self.spec.turn_prefix if as_message else ""
+        if prefix:
+            ids = ids + self.enc.text_ids(prefix)
+        return ids, messages, prefix
 
     # ------------------------------------------------------------------ the result
     def _episode(self, e: _Running, prompt_ids: list[int], original: list[int], version, base: int) -> Episode:
         if not self.spec.text and not e.hung and callable(getattr(e.env, "get_reward", None)):
-            r = self._call(e, e.env.get_reward, env_seed(base, "reward", e.prompt, e.sample), counted=False)
+            r = self._call(e, e.env.get_reward, env_seed(base, "reward", e.prompt, e.sample), what="get_reward",
+                           tool=False)
             if not r.ok:  # scores 0 and counts as a failed call (not as a tool call)
-                self.calls.count(r, r.error or "", what="get_reward")
                 e.errors, e.timeouts = e.errors + int(r.error is not None), e.timeouts + int(r.timeout)
             value = r.value if r.ok else 0.0
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -380,8 +401,9 @@ class TurnLoop:
         meta = {"turns": e.turns, "tool_calls": e.calls, "tool_errors": e.errors, "tool_timeouts": e.timeouts,
                 "env_tokens": len(e.trainable) - sum(e.trainable), "env_reward": e.reward,
                 "episode_limit": int(e.episode_limit), "turn_limit": int(e.turn_limit),
-                "retokenize_diff": int(self.enc.retokenizes_differently(e.ids)), "env_s": e.seconds,
-                "transcript": self._transcript(e)}
+                "env_s": e.seconds, "transcript": self._transcript(e)}
+        differs, tokens = retokenization_drift(self.enc, e.conversation, prompt_ids, e.ids)
+        meta["retokenize_diff"], meta["retokenize_diff_tokens"] = int(differs), tokens
         rewritten = prompt_ids != original
         if rewritten:
             meta["prompt_text"] = self.enc.tokenizer.decode(prompt_ids, skip_special_tokens=False)

@@ -64,9 +64,10 @@ gives the reply ``"error: the call did not return within <t> s"``, and as its th
 (it is abandoned: put code that may hang in a subprocess, as the built-in Python tool does) the
 environment is not called again: the model's next turn is the final answer, and ``get_reward`` is
 not called (the environment reward is what the steps gave); a reply over ``rollout.max_reply_tokens``
-tokens is replaced by an error reply. More than ``task.max_error_frac`` of the calls of the last
-``task.error_window`` steps failing stops the run, naming the environment and each tool's (or ``step``'s)
-failures, as reward functions do.
+tokens is replaced by an error reply. A tool (or ``step``, ``reset``, ``get_reward``) failing on more
+than ``task.max_error_frac`` of its own calls of the last ``task.error_window`` steps stops the run,
+naming the environment and that tool with its failures, as reward functions do
+(:mod:`arlopti.rollout.env_calls`).
 A ``reset`` that raises, times out or returns something other than a string or None stops the run.
 """
 
