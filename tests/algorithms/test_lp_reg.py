@@ -1,7 +1,8 @@
 """Lp-Reg (arXiv 2510.03222) against a restatement of CarlanLark/Lp-Reg-dev's code: the min-p proxy
 (``apply_min_p`` on the raw logits, then the temperature) from the fused pass, and
 ``compute_policy_loss_lp_reg`` in value and gradient; by hand; its edge cases (k <= 1 selects nothing, a
-token the filter calls noise is left to PPO); and its compositions with AR and Lopti."""
+token the filter calls noise is left to PPO, p near 0 and near 1, a ratio of 20 with and without the
+dual-clip, empty masks); and its compositions with AR and Lopti."""
 
 from __future__ import annotations
 
@@ -84,8 +85,8 @@ def _loss_inputs(seed=1):
     return old, logp, adv * mask, mask, proxy
 
 
-def _ours(old, logp, adv, mask, proxy, phase=None, **tm):
-    cfg = LossConfig(kl_coef=0.0, dual_clip=None, clip_low=0.2, clip_high=0.28,
+def _ours(old, logp, adv, mask, proxy, phase=None, dual_clip=None, **tm):
+    cfg = LossConfig(kl_coef=0.0, dual_clip=dual_clip, clip_low=0.2, clip_high=0.28,
                      token_method=TokenMethodConfig(name="lp_reg", **tm))
     return grpo_objective(logp, old, adv, mask, mask if phase is None else phase, cfg,
                           dist=TokenStats(min_p_log_prob=proxy))[0]
@@ -149,3 +150,82 @@ def test_lp_reg_needs_its_proxy_and_ppo_clip():
     cfg.algorithm.dual_clip = None
     with pytest.raises(ConfigError, match="lp_reg needs algorithm.policy_loss=ppo_clip"):
         validate_run(cfg)
+
+
+def _value_and_grad(fn, logp):
+    lp = logp.clone().requires_grad_(True)
+    loss = fn(lp)
+    loss.backward()
+    return loss.item(), lp.grad[0].tolist()
+
+
+def test_lp_reg_p_near_zero_the_kl_saturates_at_its_clamp():
+    # two A < 0 tokens at p = 1e-6 (ratio 1), share 1: k = 2, both below their proxies. Token 0's proxy
+    # 1e-3: d = ln 1000, e^d - d - 1 = 992 clamps to 10 (Lp-Reg's kl_penalty clamp) and pulls no more;
+    # token 1's proxy 4e-6: d = ln 4, KL = 3 - ln 4, gradient 1 - e^d = -3. The unclipped -A r = 1 each.
+    logp = torch.log(torch.tensor([[1e-6, 1e-6]]))
+    proxy = torch.log(torch.tensor([[1e-3, 4e-6]]))
+    adv, mask = -torch.ones(1, 2), torch.ones(1, 2)
+    loss, grad = _value_and_grad(lambda lp: _ours(logp, lp, adv, mask, proxy, lp_reg_neg_share=1.0), logp)
+    assert loss == pytest.approx((1 + 10 + 1 + (3 - math.log(4))) / 2, rel=1e-5)
+    assert grad == pytest.approx([(1 + 0) / 2, (1 - 3) / 2], rel=1e-4)
+    peer = _value_and_grad(lambda lp: lp_reg_code(logp, lp, proxy, adv, mask, 0.2, 0.28, 1.0), logp)
+    assert peer[0] == pytest.approx(loss, rel=1e-6) and peer[1] == pytest.approx(grad, rel=1e-6)
+
+
+def test_lp_reg_p_near_one_a_tiny_pull_and_p_equal_to_its_proxy_is_left_to_ppo():
+    # three A < 0 tokens at ratio 1, proxy p' = 1 each (the filter kept only them); share 1: k = 3.
+    # p = 0.99 and 0.999 lie below p' = 1: KL e^d - d - 1 with e^d = 1/p, gradient 1 - 1/p;
+    # p = 1 equals its proxy: not below it, so not regularised (PPO's -A r = 1, gradient 1).
+    p = torch.tensor([[0.99, 0.999, 1.0]])
+    logp, proxy = torch.log(p), torch.zeros(1, 3)
+    adv, mask = -torch.ones(1, 3), torch.ones(1, 3)
+    loss, grad = _value_and_grad(lambda lp: _ours(logp, lp, adv, mask, proxy, lp_reg_neg_share=1.0), logp)
+    kl = [1 / q + math.log(q) - 1 for q in (0.99, 0.999)]
+    assert loss == pytest.approx((3 + sum(kl)) / 3, rel=1e-6)
+    assert grad == pytest.approx([(1 + 1 - 1 / 0.99) / 3, (1 + 1 - 1 / 0.999) / 3, 1 / 3], rel=1e-5)
+
+
+def test_lp_reg_at_a_ratio_of_20():
+    # ratio 20 everywhere: p_old = 0.001, p = 0.02. Token 0 (A = +1, proxy 0.05, chosen by pos_share):
+    # no clip, -A r = -20, plus KL at e^d = 2.5 (gradient 1 - 2.5); token 1 (A = +1, proxy 0.01 < p: not
+    # chosen): PPO clips at 1 + 0.28, no gradient; token 2 (A = -1, the only negative: k = 1, not applied):
+    # PPO's -A r = 20, gradient 20 (no dual-clip here).
+    old, logp = torch.log(torch.full((1, 3), 0.001)), torch.log(torch.full((1, 3), 0.02))
+    proxy = torch.log(torch.tensor([[0.05, 0.01, 0.05]]))
+    adv, mask = torch.tensor([[1.0, 1.0, -1.0]]), torch.ones(1, 3)
+    shares = {"lp_reg_neg_share": 1.0, "lp_reg_pos_share": 1.0}
+    loss, grad = _value_and_grad(lambda lp: _ours(old, lp, adv, mask, proxy, **shares), logp)
+    kl = 2.5 - math.log(2.5) - 1
+    assert loss == pytest.approx((-20 + kl - 1.28 + 20) / 3, rel=1e-5)
+    assert grad == pytest.approx([(-20 + 1 - 2.5) / 3, 0.0, 20 / 3], rel=1e-5, abs=1e-6)
+    peer = _value_and_grad(lambda lp: lp_reg_code(old, lp, proxy, adv, mask, 0.2, 0.28, 1.0, 1.0), logp)
+    assert peer[0] == pytest.approx(loss, rel=1e-6) and peer[1] == pytest.approx(grad, rel=1e-6, abs=1e-6)
+
+
+def test_lp_reg_at_a_ratio_of_20_the_dual_clip_still_caps_its_negative_tokens():
+    # two chosen A = -1 tokens at ratio 20 (proxies 0.05, 0.04): the clip is lifted (-A r = 20) but the
+    # dual-clip 10 caps it at -A c = 10, whose gradient is 0: only the KL's 1 - e^d (-1.5, -1) remains.
+    # Lp-Reg's loss has no dual-clip (the deviation its docstring states; kk_lp_reg sets none).
+    old, logp = torch.log(torch.full((1, 2), 0.001)), torch.log(torch.full((1, 2), 0.02))
+    proxy = torch.log(torch.tensor([[0.05, 0.04]]))
+    adv, mask = -torch.ones(1, 2), torch.ones(1, 2)
+    loss, grad = _value_and_grad(lambda lp: _ours(old, lp, adv, mask, proxy, dual_clip=10.0,
+                                                  lp_reg_neg_share=1.0), logp)
+    kl = [e - math.log(e) - 1 for e in (2.5, 2.0)]
+    assert loss == pytest.approx((10 + kl[0] + 10 + kl[1]) / 2, rel=1e-5)
+    assert grad == pytest.approx([-1.5 / 2, -1.0 / 2], rel=1e-5)
+
+
+def test_lp_reg_with_empty_masks_selects_nothing_and_gives_zero():
+    from arlopti.algorithms.token_methods import lp_reg_selection, make_context
+
+    old, logp0, adv, _, proxy = _loss_inputs()
+    none = torch.zeros(4, 10)
+    ctx = make_context(logp0, old, adv, none, none)
+    assert not lp_reg_selection(ctx, -1, 1.0).any() and not lp_reg_selection(ctx, 1, 1.0).any()
+    for mask, phase in ((none, none), (torch.ones(4, 10), none)):  # no valid token; an empty Lopti phase
+        lp = logp0.clone().requires_grad_(True)
+        loss = _ours(old, lp, adv * mask, mask, proxy, phase=phase, lp_reg_neg_share=1.0, lp_reg_pos_share=1.0)
+        loss.backward()
+        assert loss.item() == 0.0 and torch.equal(lp.grad, torch.zeros_like(lp))

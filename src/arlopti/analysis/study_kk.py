@@ -14,7 +14,8 @@ shares, each bucket's gradient norm ‖g_b‖ of the method's own loss, and afte
 ``python train.py experiment=kk_lopti_demo`` with the method's algorithm in place of the demo's
 (:func:`algorithm_overrides`: the method's experiment file's ``algorithm`` node, written as
 overrides of ``algorithm=grpo``; the demo's ``kl_coef=0`` is kept), ``seed`` and ``rollout.seed`` = S,
-the in-training evaluations off and the final weights saved; then ``python eval.py`` on those
+:data:`PILOT_OVERRIDES` (two optimizer steps per rollout step, below), the in-training evaluations off
+and the final weights saved; then ``python eval.py`` on those
 weights: greedy, on ``--val-per-n`` generated validation puzzles per N of 2 and 3 people (the same
 puzzles for every run), its per-item records in ``eval_results.json``. The run's composed config is
 checked to hold the method's algorithm.
@@ -27,6 +28,7 @@ the bootstrap draws puzzles within each seed's sets).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import subprocess
@@ -43,6 +45,12 @@ DEMO_COLD_START_STEPS = 6
 #: The demo's optimizer (AdamW, lr 3e-5), for the mechanism's one-step updates.
 DEMO_LR = 3e-5
 DEMO_MAX_NEW_TOKENS = 128
+#: The pilot's changes to the demo's sizes. ``sizes.mini_batch_size=4``: the demo's 8 responses per step in
+#: two optimizer steps, the second off-policy, as the paper's K&K runs (512 responses in mini-batches of
+#: 256, configs/experiment/kk_grpo.yaml) and the toy study (two mini-batches per step). With the demo's
+#: one mini-batch every ratio is 1 at its only step, where SAPO and CE-GPPO take GRPO's gradient
+#: (docs/algorithms.md: they differ only off-policy): the pilot could not tell them from GRPO.
+PILOT_OVERRIDES = ("sizes.mini_batch_size=4",)
 
 
 # ------------------------------------------------------------------------------------------ method overrides
@@ -67,14 +75,21 @@ def _hydra_value(v) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
 
+@functools.lru_cache(maxsize=None)
+def algorithm_fields(method: str, max_new_tokens: int = DEMO_MAX_NEW_TOKENS, config_dir=None) -> tuple:
+    """``((dotted key, value), ...)``: the method's :func:`~.study_methods.method_algorithm`, flattened;
+    composed once per process and arguments (a compose costs about a second)."""
+    from arlopti.analysis.study_methods import method_algorithm
+
+    return tuple(_flatten(asdict(method_algorithm(method, max_new_tokens, config_dir))).items())
+
+
 def algorithm_overrides(method: str, max_new_tokens: int = DEMO_MAX_NEW_TOKENS, config_dir=None) -> list[str]:
     """``["algorithm=grpo", "algorithm.<key>=<value>", ...]``: the method's ``algorithm`` node as
     overrides of GRPO's, every key where it differs except ``kl_coef`` (the demo's 0 is kept)."""
-    from arlopti.analysis.study_methods import method_algorithm
-
-    base = _flatten(asdict(method_algorithm("grpo", max_new_tokens, config_dir)))
-    mine = _flatten(asdict(method_algorithm(method, max_new_tokens, config_dir)))
-    return ["algorithm=grpo"] + [f"algorithm.{k}={_hydra_value(v)}" for k, v in mine.items()
+    base = dict(algorithm_fields("grpo", max_new_tokens, config_dir))
+    return ["algorithm=grpo"] + [f"algorithm.{k}={_hydra_value(v)}" for k, v in
+                                 algorithm_fields(method, max_new_tokens, config_dir)
                                  if k != "kl_coef" and base.get(k) != v]
 
 
@@ -83,14 +98,16 @@ def pilot_dir(out: str | Path, method: str, seed: int) -> Path:
     return Path(out) / "pilot" / method / f"seed{seed}"
 
 
-def train_command(method: str, seed: int, run_dir: Path, extra: tuple[str, ...] = (), config_dir=None) -> list[str]:
-    """The ``train.py`` command of one pilot run (module docstring); ``extra``: more overrides, last."""
+def train_command(method: str, seed: int, run_dir: Path, extra: tuple[str, ...] = (), config_dir=None,
+                  overrides: list[str] | None = None) -> list[str]:
+    """The ``train.py`` command of one pilot run (module docstring); ``extra``: more overrides, last;
+    ``overrides``: the method's :func:`algorithm_overrides` when the caller has them (two composes less)."""
+    overrides = algorithm_overrides(method, config_dir=config_dir) if overrides is None else overrides
     ckpt = (f"callbacks.model_checkpoint={{_target_:arlopti.callbacks.checkpointing.RolloutCheckpoint,"
             f"dirpath:{run_dir}/checkpoints,every_n_steps:null,save_last:true}}")
-    return [sys.executable, "train.py", f"experiment={DEMO_EXPERIMENT}",
-            *algorithm_overrides(method, config_dir=config_dir), f"seed={seed}", f"rollout.seed={seed}",
-            f"hydra.run.dir={run_dir}", "logger=csv", ckpt, "callbacks.benchmark_eval.before_training=false",
-            "callbacks.benchmark_eval.at_end=false", *extra]
+    return [sys.executable, "train.py", f"experiment={DEMO_EXPERIMENT}", *overrides, *PILOT_OVERRIDES,
+            f"seed={seed}", f"rollout.seed={seed}", f"hydra.run.dir={run_dir}", "logger=csv", ckpt,
+            "callbacks.benchmark_eval.before_training=false", "callbacks.benchmark_eval.at_end=false", *extra]
 
 
 def eval_command(run_dir: Path, val_per_n: int, extra: tuple[str, ...] = ()) -> list[str]:
@@ -114,13 +131,13 @@ def check_run_algorithm(run_dir: Path, method: str, config_dir=None) -> None:
     """Refuse a run whose composed ``algorithm`` is not the method's (``kl_coef`` aside)."""
     from omegaconf import OmegaConf
 
-    from arlopti.analysis.study_methods import method_algorithm
     from arlopti.config import AlgorithmConfig, from_dict
 
     saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
-    got = asdict(from_dict(AlgorithmConfig, OmegaConf.to_container(saved.algorithm, resolve=True), "algorithm"))
-    want = asdict(method_algorithm(method, DEMO_MAX_NEW_TOKENS, config_dir))
-    diff = sorted(k for k in _flatten(want) if k != "kl_coef" and _flatten(want)[k] != _flatten(got).get(k))
+    got = _flatten(asdict(from_dict(AlgorithmConfig, OmegaConf.to_container(saved.algorithm, resolve=True),
+                                    "algorithm")))
+    want = dict(algorithm_fields(method, DEMO_MAX_NEW_TOKENS, config_dir))
+    diff = sorted(k for k, v in want.items() if k != "kl_coef" and v != got.get(k))
     if diff:
         raise RuntimeError(f"{run_dir}: the run's algorithm differs from kk_{method}'s at {diff}")
 
@@ -132,12 +149,14 @@ def kk_pilot_run(method: str, seed: int, out: str | Path, val_per_n: int = 32, t
     after the evaluation unless ``keep_checkpoint``."""
     run_dir = pilot_dir(out, method, seed).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    train_s = _run(train_command(method, seed, run_dir, train_extra, config_dir), run_dir / "train.log")
+    overrides = algorithm_overrides(method, config_dir=config_dir)
+    train_s = _run(train_command(method, seed, run_dir, train_extra, config_dir, overrides), run_dir / "train.log")
     check_run_algorithm(run_dir, method, config_dir)
     eval_s = _run(eval_command(run_dir, val_per_n, eval_extra), run_dir / "eval.log")
     if not keep_checkpoint:  # ~1.6 GB with the optimizer state for SmolLM2; the evaluation is what is kept
         (run_dir / "checkpoints" / "last.ckpt").unlink()
     record = {"method": method, "seed": seed, "train_s": train_s, "eval_s": eval_s, "val_per_n": val_per_n,
-              "overrides": algorithm_overrides(method, config_dir=config_dir)}
+              "overrides": overrides, "pilot_overrides": list(PILOT_OVERRIDES),
+              "train_extra": list(train_extra), "eval_extra": list(eval_extra)}
     (run_dir / "pilot_run.json").write_text(json.dumps(record, indent=1))
     return record

@@ -4,7 +4,9 @@ Reads ``mechanism/batch<b>.json`` and ``pilot/<method>/seed<s>/`` (:mod:`.study_
 ``kk_study.json``, ``kk_tables.md``, ``kk_mechanism.png`` and ``kk_pilot.png``:
 
 * mechanism: per method and bucket, each batch's number and their mean (few batches: no CI, the
-  per-batch values are listed);
+  per-batch values are listed): the gradient-mass and -norm shares, ‖g_b‖ by bucket, the top bucket's
+  A > 0 "rose" fraction per batch (Fig. 3), and a second table of the mean Δp of the A > 0 and A < 0
+  tokens and the "rose" fraction in every bucket;
 * pilot: per method and seed the final greedy accuracy (``val/kk/mean/greedy/acc`` of the run's
   ``eval_results.json``) and the train reward per step (``csv/metrics.csv``); against GRPO,
   :func:`arlopti.eval.compare.compare` seed by seed and over all seeds at once (each seed's sets
@@ -116,6 +118,18 @@ def mechanism_markdown(mech: dict) -> str:
     return "\n".join(lines)
 
 
+def delta_p_markdown(mech: dict) -> str:
+    """Δp by bucket: per method the mean Δp of the A > 0 and of the A < 0 tokens and the A > 0 "rose"
+    fraction in each bucket (means over the batches; ``delta_p_pos_mean`` etc. of compare-methods)."""
+    span = " / ".join(BUCKET_LABELS)
+    lines = [f"| method | mean Δp A>0 {span} | mean Δp A<0 {span} | A>0 rose {span} |", "|---|---|---|---|"]
+    for m, e in mech["methods"].items():
+        keys = (("delta_p_pos_mean", "{:+.2e}"), ("delta_p_neg_mean", "{:+.2e}"), ("pos_frac", "{:.2f}"))
+        cols = [" / ".join(_f(e[key][b]["mean"], fmt) for b in BUCKET_NAMES) for key, fmt in keys]
+        lines.append(f"| {m} | " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
 def pilot_markdown(pilot: dict, baseline: str = "grpo") -> str:
     lines = [f"| method | greedy accuracy per seed | mean | pooled Δ vs {baseline} [95% CI] | McNemar p "
              f"({baseline} only / method only) | per-seed Δ |", "|---|---|---|---|---|---|"]
@@ -171,7 +185,8 @@ def kk_report(args) -> dict:
     md = ["# Study, K&K at CPU scale (SmolLM2-135M-Instruct after the demo's cold start)\n"]
     if mech:
         md += [f"## Mechanism: every method's first update on the same {mech['batches']} batches\n",
-               mechanism_markdown(mech)]
+               mechanism_markdown(mech), "\n### Δp by probability bucket (mean over the batches)\n",
+               delta_p_markdown(mech)]
     if pilot:
         md += ["\n## Learning pilot: final greedy validation accuracy, paired by puzzle\n", pilot_markdown(pilot)]
     result = {"mechanism": mech, "pilot": pilot, "files": {"png": save(plot_kk(mech, pilot), out / "kk_study.png")}}
