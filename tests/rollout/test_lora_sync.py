@@ -81,6 +81,28 @@ def test_a_merged_sync_of_an_adapted_tied_embedding_builds_the_trained_policy(ti
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("lora, extra", [
+    (LoraConfig(r=4, target_modules=["embed_tokens", "q_proj", "v_proj"]), {"self_attn.k_proj.weight"}),
+    (LoraConfig(r=4, target_modules=["gate_proj"]), {"mlp.up_proj.weight"}),
+    (LoraConfig(r=4, target_modules=["o_proj"], modules_to_save=["q_proj"]),
+     {"self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias"})],
+    ids=["q-v", "gate", "q-copy"])
+def test_a_partial_sync_sends_every_shard_of_a_fused_engine_parameter(tiny_tokenizer, lora, extra):
+    """vLLM stacks q/k/v into qkv_proj (gate/up into gate_up_proj) and its in-place reload rebuilds the
+    stacked parameter from the shards a sync sends: a frozen k_proj left out of a partial sync came back
+    as uninitialised memory (the merged sync of target_modules=[embed_tokens,q_proj,v_proj]: log-prob
+    gaps of 0.2 to 0.6, then nan, from the first partial sync on). The frozen siblings travel too."""
+    policy = PolicyLM(apply_lora(build_tiny_model(tiny_tokenizer), lora))
+    items = list(engine_named_params(policy))
+    layers = sorted({n.rsplit(".self_attn.", 1)[0] for n, _ in items if ".self_attn." in n})
+    adapted = {n for n, _ in items if any(n.endswith(f".{t}.weight") for t in lora.target_modules)}
+    copies = {n for n, _ in items if any(f".{m}." in n for m in lora.modules_to_save)}
+    sent = {n for n, _ in changed_only(items, policy)}
+    siblings = {f"{layer}.{e}" for layer in layers for e in extra}
+    assert sent == adapted | copies | siblings, sorted(sent ^ (adapted | copies | siblings))
+    assert {n for n, _ in changed_only(items, policy, fused={})} == adapted | copies  # an engine fusing nothing
+
+
 def test_a_tied_peft_model_built_elsewhere_is_refused_before_a_sync(tiny_tokenizer):
     from peft import LoraConfig as PeftLoraConfig, get_peft_model
 
@@ -140,7 +162,7 @@ def _smoke(tmp_path, extra: list[str]):
     module = out["module"]
     assert module.lora and module.ref is None and module.rollout_step == 2
     assert_learning_signal(module.last_step_context.metrics, "step 2")
-    start = {n: torch.zeros_like(p) if "lora_B" in n else p
+    start = {n: torch.zeros_like(p) if "lora_B" in n or "lora_embedding_B" in n else p
              for n, p in module.policy.named_parameters()}  # B starts at 0; nothing else trains
     print(assert_moved(start, module.policy, module.trainer.optimizers[0], what=f"the smoke run {extra}"))
     return module
@@ -166,7 +188,9 @@ def test_smoke_lora_with_hf_rollouts(tmp_path):
 def test_smoke_lora_with_vllm_rollouts(tmp_path, mode, lora):
     """Step 2's rollout comes from the engine synced to the adapter step 1 trained; the mismatch is
     the gap between the two. The embedding cases: before issue 38 the engine tied its LM head to the
-    adapted embedding (mismatch/abs_diff_max 5.6 to 5.9 nats, and 0.46 to 0.56 for the copy)."""
+    adapted embedding (mismatch/abs_diff_max 5.6 to 5.9 nats, and 0.46 to 0.56 for the copy); then, with
+    the head untied, step 2's partial sync left out the frozen k_proj that vLLM fuses with q_proj and
+    v_proj (0.2 to 0.6, or nan: the shard came back uninitialised)."""
     module = _smoke(tmp_path, ["rollout=vllm", f"rollout.lora_sync={mode}", "rollout.return_logprobs=true", *lora])
     m = module.last_step_context.metrics
     print(f"\n[lora_sync={mode} {lora}] smoke mismatch/abs_diff_max {m['mismatch/abs_diff_max']:.2e}")

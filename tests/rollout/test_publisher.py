@@ -9,6 +9,8 @@ here by hand, ``W + (alpha / r) B A``.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -148,16 +150,33 @@ def test_the_workers_publisher_expects_the_base_as_a_worker_loads_it(tiny_tokeni
     assert names_of(publisher.plan(policy, holds_base=False)) == plain_names
 
 
-def test_a_head_the_workers_do_not_hold_is_refused(tiny_tokenizer, plain_names):
-    """LoRA on the embedding unties the trainer's head (issue 38); the colocated engine is built from the
-    untied policy and takes ``lm_head.weight``, a rollout worker loads the tied base and would not: its
-    head would be the adapted embedding. The workers' name check says so instead of syncing."""
-    policy = lora_policy(tiny_tokenizer, target_modules=["embed_tokens", "q_proj"])
-    assert not tied_embeddings(policy) and tied_as_loaded(policy)
+@pytest.mark.parametrize("lora", [{"target_modules": ["embed_tokens", "q_proj"]}, {"modules_to_save": ["embed_tokens"]}],
+                         ids=["adapter", "copy"])
+def test_workers_untie_their_head_as_the_trainer_did(tiny_tokenizer, plain_names, lora, tmp_path):
+    """LoRA on the embedding unties the trainer's head (issue 38). The colocated engine is built from the
+    untied policy and takes ``lm_head.weight``; a rollout worker composes the run's ``model.lora`` and
+    unties its own head the same way (:func:`arlopti.rollout.serve.prepare_model_dir`), says so in its
+    served name (a worker with the tied head is refused at connect time: test_server_offline.py), and its
+    publisher sends the trainer's frozen head with the rest."""
+    from arlopti.config import ModelConfig, RolloutConfig
+    from arlopti.rollout.publisher import head_untied_for_lora
+    from arlopti.rollout.serve import prepare_model_dir
+    from arlopti.rollout.server_client import served_model_name
+    from arlopti.models.lora import base_identity, base_model_of
+
+    policy = lora_policy(tiny_tokenizer, **lora)
+    assert not tied_embeddings(policy) and tied_as_loaded(policy) and head_untied_for_lora(policy)
     colocated = WeightPublisher(engine_weight_names(policy.hf), tied_embeddings(policy))
     assert names_of(colocated.plan(policy, holds_base=False)) == plain_names + ["lm_head.weight"]
     workers = WeightPublisher.for_policy(policy)
-    assert workers.expected_names == plain_names
-    with pytest.raises(WeightSyncError, match=r"1 name\(s\) sent that the rollout workers \(the base as they load "
-                                              r"it\) does not hold: lm_head.weight"):
-        workers.plan(policy, holds_base=False)
+    assert workers.expected_names == plain_names + ["lm_head.weight"]
+    plan = workers.plan(policy, holds_base=False)
+    assert names_of(plan) == plain_names + ["lm_head.weight"]
+    assert torch.equal(dict(plan.items)["lm_head.weight"], base_model_of(policy).lm_head.weight)  # frozen head
+    for case, untie in ((lora, True), ({}, False)):  # the worker: with the run's model.lora, and without LoRA
+        cfg = ModelConfig(lora=LoraConfig(r=4, **case) if case else LoraConfig())
+        identity, _, _, untied = prepare_model_dir(cfg, RolloutConfig(), tmp_path / f"w{untie}")
+        config = json.loads((tmp_path / f"w{untie}" / "config.json").read_text())
+        assert untied is untie and config.get("tie_word_embeddings", False) is not untie, config
+        assert (served_model_name(identity, untied) == served_model_name(base_identity(base_model_of(policy)),
+                                                                         head_untied_for_lora(policy))) is untie

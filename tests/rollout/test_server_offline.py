@@ -85,6 +85,16 @@ def test_a_worker_of_another_base_is_refused_by_name(monkeypatch):
         worker.check_base("arlopti-bbbb")
     monkeypatch.setattr(RolloutWorker, "get", lambda self, path: {"data": [{"id": "arlopti-bbbb"}]})
     worker.check_base("arlopti-bbbb")
+    # the trainer's LoRA adapts the tied embedding (its head untied), the worker was started without model.lora
+    with pytest.raises(WorkerError, match=r"serves the trainer's base with the LM head tied to the embedding, but "
+                                          r"this run needs its own copy of the LM head \(model.lora adapts the "
+                                          r"embedding.*model.lora.\* overrides"):
+        worker.check_base("arlopti-bbbb-untied-head")
+    monkeypatch.setattr(RolloutWorker, "get", lambda self, path: {"data": [{"id": "arlopti-bbbb-untied-head"}]})
+    with pytest.raises(WorkerError, match=r"serves the trainer's base with its own copy of the LM head, but this "
+                                          r"run needs the LM head tied"):
+        worker.check_base("arlopti-bbbb")
+    worker.check_base("arlopti-bbbb-untied-head")
 
 
 def test_a_response_from_another_weight_version_is_an_error():

@@ -92,14 +92,15 @@ def worker_url(worker_urls):
 
 def run_config(k: int | None, url: str | list[str] | None = None, algo: AlgorithmConfig | None = None,
                lr: float = 1e-2, steps_rollout: dict | None = None, check_sync: bool = True) -> RunConfig:
-    """``k = None``: colocated vLLM; else the server placement at staleness ``k`` on the worker(s) ``url``."""
+    """``k = None``: colocated vLLM; else the server placement at staleness ``k`` on the worker(s) ``url``
+    (a host:port or a list of them; None: a worker the trainer spawns, ``rollout.server.spawn=true``)."""
     rollout = dict(temperature=1.0, max_new_tokens=8, seed=1, return_logprobs=True)
     if k is None:
         rollout.update(backend="vllm", sync_bucket_mb=1, gpu_memory_utilization=0.2)
     else:
-        urls = [url] if isinstance(url, str) else list(url)
+        urls = [] if url is None else [url] if isinstance(url, str) else list(url)
         rollout.update(placement="server", sync_bucket_mb=1,
-                       server=ServerConfig(spawn=False, urls=urls, check_sync=check_sync, timeout_s=120),
+                       server=ServerConfig(spawn=url is None, urls=urls, check_sync=check_sync, timeout_s=120),
                        async_=AsyncConfig(max_staleness=k))
     rollout.update(steps_rollout or {})
     return RunConfig(algorithm=algo or AlgorithmConfig(kl_coef=0.0),
@@ -163,6 +164,30 @@ def test_k0_is_bit_exact_with_colocated(tiny_tokenizer, worker_urls, tmp_path):
         print(assert_moved(fresh, server.policy, server.trainer.optimizers[0], f"the k = 0 run on {n} worker(s)"))
         for (name, p), (_, q) in zip(colocated.policy.named_parameters(), server.policy.named_parameters()):
             assert torch.equal(p, q), f"{n} worker(s): {name} differs after {STEPS} steps"
+
+
+def test_a_lora_run_on_the_tied_embedding_has_its_spawned_worker_untie_the_head(tiny_tokenizer, tmp_path):
+    """``model.lora.target_modules=[embed_tokens, q_proj, v_proj]`` on the tiny model, whose LM head is its
+    embedding: the trainer gives its head its own frozen copy (issue 38), and so does the spawned worker,
+    which composes the run's ``model.lora``. Every sync (the first full, then the adapted weights and the
+    frozen k_proj vLLM fuses with them) agrees with the trainer (``check_sync``), and so does every step's
+    sampling (``mismatch/abs_diff_max``), after the weights and the optimizer state moved."""
+    from dataclasses import replace
+
+    from arlopti.config import LoraConfig
+    from helpers.moved import assert_moved
+
+    cfg = run_config(0, None)
+    cfg.model = replace(MODEL, lora=LoraConfig(r=8, target_modules=["embed_tokens", "q_proj", "v_proj"]))
+    cfg.rollout = replace(cfg.rollout, server=replace(cfg.rollout.server, startup_timeout_s=300))
+    module, rec = train(tiny_tokenizer, cfg, STEPS, tmp_path)
+    start = {n: torch.zeros_like(p) if "lora_B" in n or "lora_embedding_B" in n else p
+             for n, p in module.policy.named_parameters()}  # B starts at 0; nothing else trains
+    print(assert_moved(start, module.policy, module.trainer.optimizers[0], "the server LoRA run"))
+    gaps = [step["metrics"]["mismatch/abs_diff_max"] for step in rec.steps]
+    print(f"\n[server LoRA on the tied embedding] mismatch/abs_diff_max by step: {gaps}")
+    assert len(gaps) == STEPS and max(gaps) < 1e-4
+    assert "serving tiny" in (tmp_path / "rollout_workers" / "worker0.log").read_text()
 
 
 @pytest.mark.parametrize("speed", ["slow", "fast"])

@@ -7,7 +7,8 @@ computed in fp32 from the live adapter, the trainer's weights untouched: merge, 
 frozen base tensors unchanged. :func:`engine_named_params` gives those ``(name, tensor)`` pairs
 under the Hugging Face names the engine was built from, so the existing name check and sync
 route of :mod:`arlopti.rollout.vllm` apply as they are. After the first load only the adapted
-tensors can have changed: :func:`changed_only` keeps those.
+tensors can have changed: :func:`changed_only` keeps those, and the frozen weights the engine fuses with
+them into one parameter (vLLM's reload rebuilds a fused ``qkv_proj`` from the shards it is sent).
 
 ``adapter``: the engine starts with LoRA enabled on the *base* weights (``engine_named_params(...,
 merged=False)``), and each sync writes only the adapter (``PeftModel.save_pretrained``) to a versioned
@@ -105,16 +106,51 @@ def merged_weight(layer: nn.Module, adapter: str) -> torch.Tensor:
     return (w.float() + delta.float()).to(w.dtype)
 
 
-def changed_only(items: list[tuple[str, torch.Tensor]], module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+#: The checkpoint layers a vLLM model fuses into one parameter (its ``packed_modules_mapping``, the same
+#: for Qwen2 and Llama): vLLM name -> the Hugging Face leaf names stacked in it.
+FUSED_IN_ENGINE: dict[str, tuple[str, ...]] = {"qkv_proj": ("q_proj", "k_proj", "v_proj"),
+                                               "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def fused_groups(fused: dict | None = None) -> list[tuple[str, ...]]:
+    """The groups of leaf names of ``fused`` (a ``packed_modules_mapping``; :data:`FUSED_IN_ENGINE` when
+    None) that share one engine parameter: only those with more than one member matter."""
+    fused = FUSED_IN_ENGINE if fused is None else fused
+    return [tuple(members) for members in fused.values() if len(members) > 1]
+
+
+def with_fused_siblings(names: set[str], fused: dict | None = None) -> set[str]:
+    """``names`` and, for each ``<prefix>.<leaf>.<param>`` whose leaf the engine fuses with others
+    (``q_proj`` into ``qkv_proj``), the same parameter of every other member of that group."""
+    out = set(names)
+    for name in names:
+        parts = name.split(".")
+        if len(parts) < 2:
+            continue
+        for group in fused_groups(fused):
+            if parts[-2] in group:
+                out.update(".".join([*parts[:-2], leaf, parts[-1]]) for leaf in group)
+    return out
+
+
+def changed_only(items: list[tuple[str, torch.Tensor]], module: nn.Module,
+                 fused: dict | None = None) -> list[tuple[str, torch.Tensor]]:
     """The items a LoRA run can have changed since the engine's first load: adapted weights and
-    ``modules_to_save`` copies (the frozen base never moves)."""
+    ``modules_to_save`` copies (the frozen base never moves), with the frozen weights the engine fuses
+    with an adapted one (``fused``: its ``packed_modules_mapping``, :data:`FUSED_IN_ENGINE` when None).
+    vLLM's in-place reload rebuilds a fused parameter from the shards sent, so adapting ``q_proj`` and
+    ``v_proj`` but not ``k_proj`` must send ``k_proj`` too: a shard left out comes back as uninitialised
+    memory (the merged sync of ``target_modules=[embed_tokens,q_proj,v_proj]``: log-prob gaps of 0.2 to 0.6,
+    then nan, after the first partial sync)."""
     if not is_lora(module):
         return items
     hf = getattr(module, "hf", module)
     base = base_model_of(hf)
     saved = {n.split(_SAVED, 1)[0] for n, _ in base.named_parameters() if _SAVED in n}
-    keep = {f"{layer}.weight" for layer in _lora_layers(base)}
-    return [(n, t) for n, t in items if n in keep or any(n.startswith(s + ".") for s in saved)]
+    adapted = {f"{layer}.weight" for layer in _lora_layers(base)}
+    keep = with_fused_siblings({n for n, _ in items if n in adapted or any(n.startswith(s + ".") for s in saved)},
+                               fused)
+    return [(n, t) for n, t in items if n in keep]
 
 
 class AdapterRequests:

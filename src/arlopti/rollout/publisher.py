@@ -10,7 +10,9 @@ policy                 the receiver does not hold the base yet      it does (an 
 full training          ``full``: every parameter                    ``full``: every parameter
 LoRA, ``merged``       ``full``: base + merged adapted weights      ``changed``: the merged adapted
                                                                     weights and ``modules_to_save``
-                                                                    copies only (the base never moves)
+                                                                    copies only (the base never moves),
+                                                                    with the frozen weights fused with
+                                                                    them (``k_proj`` beside ``q_proj``)
 LoRA, ``adapter``      ``base``: the frozen base, then the adapter  ``adapter``: the adapter alone
 =====================  ===========================================  ====================================
 
@@ -20,12 +22,12 @@ was built from, so a wrapper that renamed a parameter, or another model, is an e
 kinds of mismatch before anything is sent. The colocated engine was built from the policy itself
 (its model directory, :func:`arlopti.rollout.vllm_startup.engine_weight_names`). A rollout worker
 was built from the base as loaded (:mod:`arlopti.rollout.serve`, the same base: it proved that at
-connect time by its served name), so :meth:`WeightPublisher.for_policy` expects the base's names
-with the tie the base had as loaded: a LoRA run whose adapted embedding untied the trainer's head
-(:func:`arlopti.models.lora.untie_adapted_embedding`) would send an ``lm_head.weight`` that a tied
-worker does not hold, and is refused instead of serving another head. A ``changed`` plan sends a
-subset of that checked list. "Holds the base" is the receiver's state, reset when it restarts or a
-level-2 sleep drops its weights.
+connect time by its served name), with its LM head untied as the trainer's where the run's LoRA adapts
+an embedding the base ties to it (:func:`arlopti.models.lora.untie_adapted_embedding`; the served name
+says so, :func:`head_untied_for_lora`, and a worker with the other head is refused at connect time), so
+:meth:`WeightPublisher.for_policy` expects the policy's own plain names, ``lm_head.weight`` included
+when the head is untied. A ``changed`` plan sends a subset of that checked list. "Holds the base" is
+the receiver's state, reset when it restarts or a level-2 sleep drops its weights.
 """
 
 from __future__ import annotations
@@ -67,26 +69,35 @@ def tied_as_loaded(policy) -> bool:
     return tied_embeddings(policy) if tie is None else bool(tie)
 
 
+def head_untied_for_lora(policy) -> bool:
+    """Whether the policy's LM head was untied from the embedding it shared as loaded (a LoRA run that adapts
+    that embedding): a rollout worker must untie its own too, and says so in its served name."""
+    return tied_as_loaded(policy) and not tied_embeddings(policy)
+
+
 class WeightPublisher:
     """Plans every sync of one receiver kind (module docstring). ``expected_names``: the checkpoint names
-    the receiver was built from; ``lora_sync``: ``rollout.lora_sync`` (read only for a LoRA policy)."""
+    the receiver was built from; ``lora_sync``: ``rollout.lora_sync`` (read only for a LoRA policy);
+    ``fused``: the receiver model's ``packed_modules_mapping`` (:func:`arlopti.rollout.lora_sync.changed_only`)."""
 
     def __init__(self, expected_names: list[str], tie_word_embeddings: bool, lora_sync: str = "merged",
-                 where: str = "the vLLM engine (names it was built from)"):
+                 where: str = "the vLLM engine (names it was built from)", fused: dict | None = None):
         if lora_sync not in ("merged", "adapter"):
             raise ValueError(f"rollout.lora_sync={lora_sync!r}: use 'merged' or 'adapter'")
         self.expected_names = list(expected_names)
         self.tie = bool(tie_word_embeddings)
         self.lora_sync = lora_sync
         self.where = where
+        self.fused = fused  # the receiver's packed_modules_mapping (None: lora_sync.FUSED_IN_ENGINE)
 
     @classmethod
     def for_policy(cls, policy, lora_sync: str = "merged",
                    where: str = "the rollout workers (the base as they load it)"):
-        """The rollout workers' publisher: its expected names are those of the base as a worker loads it
-        (the policy's plain names, with the tie the base had as loaded: module docstring), derived as the
-        colocated engine's are; the worker's base is the trainer's, checked at connect time."""
-        names = [n for n, _ in named_sync_params(engine_named_params(policy, merged=True), tied_as_loaded(policy))]
+        """The rollout workers' publisher: its expected names are those of the base as a worker builds it
+        (the policy's plain names, with the policy's tie: a worker unties its head where the trainer did,
+        module docstring), derived as the colocated engine's are; the worker's base and head are the
+        trainer's, checked at connect time by the served name."""
+        names = [n for n, _ in named_sync_params(engine_named_params(policy, merged=True), tied_embeddings(policy))]
         return cls(names, tied_embeddings(policy), lora_sync, where)
 
     def adapter_mode(self, policy) -> bool:
@@ -100,8 +111,8 @@ class WeightPublisher:
         if adapter:
             return Publication("adapter", [], True) if holds_base else Publication("base", items, True)
         if holds_base and is_lora(policy):
-            return Publication("changed", changed_only(items, policy), False)
+            return Publication("changed", changed_only(items, policy, self.fused), False)
         return Publication("full", items, False)
 
 
-__all__ = ["KINDS", "Publication", "WeightPublisher", "tied_as_loaded", "tied_embeddings"]
+__all__ = ["KINDS", "Publication", "WeightPublisher", "head_untied_for_lora", "tied_as_loaded", "tied_embeddings"]

@@ -11,7 +11,10 @@ The overrides are the training run's own (``train.yaml`` composed with them); on
 1. loads the policy's model exactly as the trainer does (:func:`arlopti.models.loading.load_causal_lm`) and
    takes its base identity (:func:`arlopti.models.lora.base_identity`: the architecture and a fingerprint of
    the embedding); the identity becomes the served model name, ``arlopti-<fingerprint>``, which the
-   trainer compares with its own when it connects (a worker built from another base is refused);
+   trainer compares with its own when it connects (a worker built from another base is refused). Where the
+   run's ``model.lora`` adapts an embedding the base ties to its LM head, the worker unties the head as the
+   trainer does (:func:`arlopti.models.lora.untie_adapted_embedding`: vLLM then builds a separate
+   ``lm_head`` that the syncs fill with the trainer's frozen head) and serves as ``arlopti-<fingerprint>-untied-head``;
 2. writes the engine's model directory (config, tokenizer; no weights: vLLM starts with dummy weights
    and the trainer's first sync loads the policy), as the colocated engine does
    (:func:`arlopti.rollout.vllm_startup.save_for_engine`);
@@ -75,21 +78,22 @@ def server_env(base: dict | None = None) -> dict:
     return env
 
 
-def prepare_model_dir(model_cfg, rollout_cfg, out_dir: Path) -> tuple[dict, str, int]:
+def prepare_model_dir(model_cfg, rollout_cfg, out_dir: Path) -> tuple[dict, str, int, bool]:
     """Load the model as the trainer does, write the engine's directory, and return
-    ``(base identity, dtype name, max_model_len)``."""
-    from arlopti.models.lora import base_identity
+    ``(base identity, dtype name, max_model_len, whether the LM head was untied for the run's LoRA)``."""
+    from arlopti.models.lora import base_identity, lora_enabled, untie_adapted_embedding
     from arlopti.models.loading import load_causal_lm, load_tokenizer
     from arlopti.rollout.vllm_startup import engine_model_spec, save_for_engine
     from arlopti.utils.dtypes import dtype_name
 
     tokenizer = load_tokenizer(model_cfg.name_or_path, model_cfg.tiny.vocab_size)
     model = load_causal_lm(model_cfg.name_or_path, tokenizer, dtype=model_cfg.dtype, tiny=model_cfg.tiny)
-    identity = base_identity(model)
+    identity = base_identity(model)  # as loaded (tied), as the trainer takes it
+    untied = lora_enabled(model_cfg.lora) and untie_adapted_embedding(model, model_cfg.lora)
     dtype, max_len, _ = engine_model_spec(model, rollout_cfg)
     save_for_engine(model, tokenizer, out_dir, dtype, 0, weights=False)
     del model
-    return identity, dtype_name(dtype), max_len
+    return identity, dtype_name(dtype), max_len, untied
 
 
 def _parent_gone(parent_pid: int) -> bool:
@@ -220,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     port = args.port or server.port
     model_dir = Path(tempfile.mkdtemp(prefix="arlopti-serve-"))
     try:
-        identity, dtype, max_len = prepare_model_dir(model_cfg, rollout_cfg, model_dir)
-        name = served_model_name(identity)
+        identity, dtype, max_len, untied = prepare_model_dir(model_cfg, rollout_cfg, model_dir)
+        name = served_model_name(identity, untied)
         log.info("serving %s (%s) at %s:%d as %s", model_cfg.name_or_path, dtype, server.host, port, name)
         argv_ = vllm_server_argv(str(model_dir), name, dtype, max_len, rollout_cfg, host=server.host, port=port)
         return supervise(argv_, server_env(), args.parent_pid, server.cpus)

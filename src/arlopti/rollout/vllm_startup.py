@@ -500,6 +500,13 @@ def worker_load(worker, weights, method: str) -> dict:
             "engine": sorted(n.replace(".base_layer.", ".") for n, _ in model.named_parameters())}  # LoRA-wrapped
 
 
+def fused_modules(worker) -> dict[str, list[str]] | None:
+    """Runs on the vLLM worker: the model's ``packed_modules_mapping`` (vLLM name -> the checkpoint layers
+    stacked in it, e.g. ``qkv_proj``: q, k, v), or None where the model declares none."""
+    mapping = getattr(_worker_model(worker), "packed_modules_mapping", None)
+    return None if mapping is None else {str(k): [str(m) for m in v] for k, v in dict(mapping).items()}
+
+
 @dataclasses.dataclass(frozen=True)
 class Started:
     """A ``vllm.LLM`` that :func:`start_vllm` started, and what the engine needs to know about it."""
@@ -563,6 +570,6 @@ def start_vllm(policy, tokenizer, cfg: RolloutConfig, *, weights: str, device=No
 
 __all__ = ["ENGINE_DROPPED_CONFIG_KEYS", "FIRST_SYNC_VERSION", "INSTALL_HINT", "PROMPT_BUDGET", "Started",
            "check_cpu_head_dim", "check_vllm_config", "current_placement", "derive_max_model_len", "engine_args",
-           "engine_config", "engine_model_spec", "engine_placement", "engine_weight_names", "import_vllm",
-           "local_device_index", "model_head_dim", "resolve_dtype", "save_for_engine", "start_vllm",
+           "engine_config", "engine_model_spec", "engine_placement", "engine_weight_names", "fused_modules",
+           "import_vllm", "local_device_index", "model_head_dim", "resolve_dtype", "save_for_engine", "start_vllm",
            "vllm_startup", "write_engine_config"]
