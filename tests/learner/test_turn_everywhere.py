@@ -44,7 +44,10 @@ class Rows(L.Callback):
 
 def resumable(tok, steps, ckpt_dir, ckpt_path=None, stop_at=None):
     L.seed_everything(7, verbose=False)
-    cfg = RunConfig(sizes=SIZES, optim=OptimConfig(lr=1e-2),
+    # lr 1e-3: step 1's multi-turn episodes score higher (the environment's rewards), and at 1e-2 one update made
+    # EOS every turn's first token, so steps 2-3 had one reward per group and nothing to train on (the earlier
+    # runs kept their variance only because the outcome reward of an episode with replies was lost: issue 34)
+    cfg = RunConfig(sizes=SIZES, optim=OptimConfig(lr=1e-3),
                     rollout=RolloutConfig(temperature=1.0, max_new_tokens=8, max_turns=3,
                                           max_episode_tokens=96))
     module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=steps)

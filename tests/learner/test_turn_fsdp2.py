@@ -33,7 +33,6 @@ def worker(out: Path) -> None:
     from arlopti.tasks.env import TextEnv
     from arlopti.tasks.env.loading import register_env
     from helpers.toy import ToyDataModule
-    from helpers.turns import eos_prone
 
     class RankEnv(TextEnv):
         """Done at once on rank 0; replies on rank 1 (so rank 1 runs every turn)."""
@@ -58,15 +57,20 @@ def worker(out: Path) -> None:
     L.seed_everything(3, verbose=False)
     cfg = RunConfig(sizes=SizesConfig(prompts_per_step=2, group_size=2, mini_batch_size=4, micro_batch_size=2,
                                       logprob_micro_batch_size=2),
-                    optim=OptimConfig(lr=1e-3), rollout=RolloutConfig(temperature=1.0, max_new_tokens=4, max_turns=3))
+                    optim=OptimConfig(lr=1e-3), rollout=RolloutConfig(temperature=1.0, max_new_tokens=4, max_turns=3,
+                                                                      max_episode_tokens=64))
     module = GRPOModule(cfg, tokenizer=tok, total_rollout_steps=2)
-    eos_prone(module.policy.hf, tok, 9.0, "Zoey said that Oliver is a knight 3.")  # before sharding
+    # Every turn ends after its first token, whatever the random model samples: every id ends a turn for the HF
+    # engine (a turn cut at max_new_tokens would end rank 1's episodes at turn 1). A turn that samples the chat
+    # EOS gets its reply as a chat message (about 10 tokens): max_episode_tokens=64 holds 3 turns and 2 of them
+    # (the default, 3 x 4 = 12, rolls the first one back).
+    module.policy.hf.generation_config.eos_token_id = list(range(module.policy.hf.config.vocab_size))
     rec = Turns()
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy=FSDP2Strategy(), max_epochs=1, logger=False,
                         enable_checkpointing=False, limit_val_batches=0, num_sanity_val_steps=0,
                         use_distributed_sampler=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[RolloutCallback(group_size=2, env=EnvConfig(env=register_env(RankEnv))), rec])
-    trainer.fit(module, datamodule=ToyDataModule(tokenizer=tok, prompts_per_step=1, max_prompt_length=256))
+    trainer.fit(module, datamodule=ToyDataModule(tokenizer=tok, prompts_per_step=2, max_prompt_length=256))
     params = full_state_dict(module.policy)  # collective
     rank = dist.get_rank()
     digest = float(sum(v.double().sum() for v in params.values()))

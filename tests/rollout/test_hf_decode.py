@@ -99,6 +99,22 @@ def test_stop_strings_go_through_generate(tiny_model, tiny_tokenizer, monkeypatc
     assert called and called[0]["stop_strings"] == ["zz"]
 
 
+def test_rows_stopped_by_a_stop_string_keep_one_log_prob_per_token(tiny_model, tiny_tokenizer):
+    """generate() pads a row it stopped on a stop string while the others go on; the engine drops that
+    padding, and must drop its log-probs with it (they misaligned every later turn of a multi-turn
+    episode: docs/multi_turn.md's example failed with 'an episode has 40 log-probs for 24 tokens')."""
+    engine = HFEngine(tiny_model, tiny_tokenizer, decoder="loop")
+    free = [c for cs in engine.generate(_prompts(tiny_tokenizer), 3, SAMPLED) for c in cs]
+    stopped = [c for cs in engine.generate(_prompts(tiny_tokenizer), 3, dataclasses.replace(SAMPLED, stop=(" ",)))
+               for c in cs]
+    assert len({len(c.token_ids) for c in stopped}) > 1  # rows stop at different steps: some were padded
+    for s, f in zip(stopped, free):
+        assert len(s.logprobs) == len(s.token_ids)
+        assert s.token_ids == f.token_ids[:len(s.token_ids)]  # the same draws up to the stop
+        torch.testing.assert_close(torch.tensor(s.logprobs), torch.tensor(f.logprobs[:len(s.token_ids)]),
+                                   atol=1e-6, rtol=0)
+
+
 def test_unknown_decoder_names_the_key(tiny_model, tiny_tokenizer):
     with pytest.raises(ValueError, match="rollout.hf_decoder='fast'"):
         HFEngine(tiny_model, tiny_tokenizer, decoder="fast")

@@ -143,6 +143,25 @@ def test_a_turn_ended_by_a_stop_string_is_continued_as_plain_text(tiny_tokenizer
     assert e.trainable == [1] * len(first) + [0] * len(reply) + [1] * 5
 
 
+def test_the_hf_engine_s_turns_ended_by_a_stop_string_keep_one_log_prob_per_token(tiny_model, tiny_tokenizer):
+    """The HF engine stops a row on a stop string while the others go on (generate() pads it); each turn's
+    log-probs must stay one per kept token, or every later turn's are misaligned (docs/multi_turn.md's
+    example failed: 'an episode has 40 log-probs for 24 tokens')."""
+    from arlopti.rollout.hf import HFEngine
+
+    tok = tiny_tokenizer
+    cfg = RolloutConfig(max_turns=3, max_new_tokens=8, stop=[" "], max_episode_tokens=96)
+    loop = build_turn_loop(cfg, EnvConfig(env=register_env(CountEnv)), tok)
+    batch = batch_of(tok)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=8, seed=5, logprobs=True, stop=(" ",))
+    groups = collect_groups(HFEngine(tiny_model, tok).generate, batch.prompt_ids, 4, sampling, turns=loop, batch=batch)
+    episodes = [e for g in groups for e in g]
+    assert max(e.meta["turns"] for e in episodes) > 1
+    for e in episodes:
+        assert len(e.logprobs) == len(e.token_ids)
+        assert all((lp == 0.0) != bool(m) for lp, m in zip(e.logprobs, e.trainable))  # 0.0 exactly on the replies
+
+
 def test_a_reply_that_would_pass_the_episode_limit_is_rolled_back(tiny_tokenizer):
     tok = tiny_tokenizer
     (group, _), engine, _ = run(tok, CountEnv, max_episode_tokens=12)

@@ -411,5 +411,6 @@ class HFEngine(RolloutEngine):
             if len(seq) < sampling.max_new_tokens:
                 reason = "stop"
         text = self.tokenizer.decode(seq, skip_special_tokens=True)
+        # the log-probs of the tokens kept: the sampler also scored the padding dropped above
         return Completion(token_ids=seq, text=text, finish_reason=reason,
-                          logprobs=logprobs[:cut] if logprobs is not None else None)
+                          logprobs=logprobs[:len(seq)] if logprobs is not None else None)
