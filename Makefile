@@ -10,6 +10,8 @@ EXTRAS ?= dev,cpu
 comma := ,
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)-$(subst $(comma),_,$(EXTRAS))
 PYTEST_ARGS ?=
+# Two pytest-xdist workers, a whole test file each (tests/conftest.py makes their OpenMP waits passive).
+PYTEST_WORKERS ?= 2
 
 .PHONY: install test test-fast demo reproduce bench clean-venv
 
@@ -28,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	@rm -f $(VENV)/.installed-* && touch $@
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow and not distributed and not vllm" $(PYTEST_ARGS)

@@ -5,8 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
-import torch
+# Under pytest-xdist (`make test` runs 2 workers on 2 cores) OpenMP's spinning waits make two
+# torch processes sharing the cores 4x slower each (45 s alone, 192 s side by side, measured on
+# tests/learner/test_multiturn_learning.py); passive waits give 60 s side by side. It must be set
+# before torch loads libgomp; the tests' subprocesses (train.py, ranks, rollout workers) inherit it.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("ARLOPTI_SHARED", REPO_ROOT.parent / "shared"))

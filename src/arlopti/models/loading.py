@@ -163,7 +163,12 @@ def smollm2_local_path(dtype: str = "bfloat16") -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     plain.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    tmp.rename(out) if not out.exists() else None
+    try:
+        tmp.rename(out)
+    except OSError:  # another process (a second test worker) converted it first: theirs is identical
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
