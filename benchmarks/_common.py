@@ -39,6 +39,17 @@ from typing import Any
 RESULT_MARK = "__BENCH_RESULT__ "
 OUT_DIR = Path(__file__).resolve().parent / "out"
 REPO = Path(__file__).resolve().parent.parent
+# The chat prompts of the decoding benchmarks (bench_decode, bench_rollout): lengths differ, so rows pad.
+CHAT_PROMPTS = [
+    "What is 17 * 23? Think step by step.",
+    "Knights always tell the truth and knaves always lie. Zoey says Oliver is a knave. Who is who?",
+    "Write a short poem about the sea.",
+    "Explain what a prime number is to a child.",
+    "List three uses of a paperclip.",
+    "Solve for x: 3x + 5 = 20.",
+    "What is the capital of France, and why is it famous?",
+    "Summarise the rules of chess in two sentences.",
+]
 
 
 def max_rss_bytes() -> int:

@@ -53,21 +53,12 @@ import warnings
 
 import torch
 
-from _common import format_table, gemm_rate, interleaved_order, machine_info, read_bandwidth, run_isolated, write_json
+from _common import (CHAT_PROMPTS as PROMPTS, format_table, gemm_rate, interleaved_order, machine_info, read_bandwidth,
+                     run_isolated, write_json)
 
 MODEL = "smollm2-135m-instruct"
 TEMPERATURE = 0.7
 VOCABS = (49152, 151936)
-PROMPTS = [
-    "What is 17 * 23? Think step by step.",
-    "Knights always tell the truth and knaves always lie. Zoey says Oliver is a knave. Who is who?",
-    "Write a short poem about the sea.",
-    "Explain what a prime number is to a child.",
-    "List three uses of a paperclip.",
-    "Solve for x: 3x + 5 = 20.",
-    "What is the capital of France, and why is it famous?",
-    "Summarise the rules of chess in two sentences.",
-]
 
 
 def parse_args(argv=None):

@@ -33,18 +33,7 @@ import time
 
 import torch
 
-from _common import format_table, interleaved_order, machine_info, write_json
-
-PROMPTS = [
-    "What is 17 * 23? Think step by step.",
-    "Knights always tell the truth and knaves always lie. Zoey says Oliver is a knave. Who is who?",
-    "Write a short poem about the sea.",
-    "Explain what a prime number is to a child.",
-    "List three uses of a paperclip.",
-    "Solve for x: 3x + 5 = 20.",
-    "What is the capital of France, and why is it famous?",
-    "Summarise the rules of chess in two sentences.",
-]
+from _common import CHAT_PROMPTS as PROMPTS, format_table, interleaved_order, machine_info, write_json
 
 
 def parse_args(argv=None):
