@@ -233,6 +233,35 @@ def test_a_killed_supervisor_is_warned_about_and_its_group_stopped(tmp_path, cap
         RolloutWorker.kill_group(supervisor.pid)
 
 
+def test_a_fault_seen_before_the_watcher_looks_still_names_the_killed_supervisor(tmp_path, caplog, monkeypatch):
+    """The request that fails can come back before the once-a-second watcher looks (CI saw it under load):
+    the fault path looks itself, so the warning naming the supervisor comes before the run stops."""
+    import logging
+    import subprocess
+    import sys
+
+    from arlopti.rollout.server_rollouts import RolloutWorkersLost
+
+    monkeypatch.setattr(ServerRollouts, "_watch_supervisors", lambda self, every_s=1.0: None)  # never looks
+    supervisor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    worker = _spawned(tmp_path)
+    worker.process = supervisor
+    pool = _pool(worker, max_restarts=0)
+    try:
+        supervisor.kill()
+        supervisor.wait(timeout=10)
+        with caplog.at_level(logging.WARNING, logger="arlopti.rollout.server_rollouts"):
+            with pytest.raises(RolloutWorkersLost, match=r"max_restarts=0"):
+                pool._recover(WorkerError("worker0", "inference/v1/generate failed (dead?)"), 0)
+        assert caplog.text.count(f"rollout worker0: its supervisor (pid {supervisor.pid}, python -m "
+                                 "arlopti.rollout.serve) exited with status -9") == 1
+        pool._stop_orphaned_groups()  # said once, not at every look
+        assert caplog.text.count("its supervisor") == 1
+    finally:
+        worker.process = None
+        pool.close()
+
+
 def _running(proc) -> bool:
     """Whether ``proc`` (a psutil.Process) runs: neither gone nor a zombie."""
     import psutil

@@ -105,6 +105,8 @@ class ServerRollouts(RolloutSource):
         self._idle_since = time.perf_counter()
         self._idle_s = 0.0
         self._closed = threading.Event()
+        self._gone_supervisors: set[int] = set()
+        self._supervisor_lock = threading.Lock()
         threading.Thread(target=self._watch_supervisors, name="arlopti-worker-watch", daemon=True).start()
 
     # ------------------------------------------------------------------ building
@@ -282,6 +284,7 @@ class ServerRollouts(RolloutSource):
         self.queue.clear()
         self.last_scheduled = -1
         self.version = None  # every worker gets the current weights again
+        self._stop_orphaned_groups()  # a fault may be seen before the watcher's next look: say why now
         worker = next((w for w in self.workers if w.name == getattr(err, "worker", None)), None)
         if worker is None or not worker.spawned:
             raise RolloutWorkersLost(f"{err}. It was started separately (rollout.server.urls): restart it with "
@@ -311,16 +314,21 @@ class ServerRollouts(RolloutSource):
             raise RolloutWorkersLost(f"{err}. Restarting it failed: {again}") from again
 
     def _watch_supervisors(self, every_s: float = 1.0) -> None:
-        """Every second: a spawned worker's supervisor that exited (killed, crashed) while this trainer did not
-        stop it takes its whole process group with it now, and says so (the next request then fails and the
-        worker is restarted or the run stops, as for any fault)."""
-        seen: set[int] = set()
+        """Every second, :meth:`_stop_orphaned_groups` (the fault path also calls it, so a failed request
+        that comes first does not hide why)."""
         while not self._closed.wait(every_s):
+            self._stop_orphaned_groups()
+
+    def _stop_orphaned_groups(self) -> None:
+        """A spawned worker's supervisor that exited (killed, crashed) while this trainer did not stop it
+        takes its whole process group with it now, and says so once (the next request then fails and the
+        worker is restarted or the run stops, as for any fault)."""
+        with self._supervisor_lock:
             for w in self.workers:
                 proc = w.process
-                if proc is None or proc.pid in seen or proc.poll() is None:
+                if proc is None or proc.pid in self._gone_supervisors or proc.poll() is None:
                     continue
-                seen.add(proc.pid)
+                self._gone_supervisors.add(proc.pid)
                 log.warning("rollout %s: its supervisor (pid %d, python -m arlopti.rollout.serve) exited with "
                             "status %s while the run goes on; stopping what is left of its process group (at its "
                             "next request the worker is restarted if rollout.server.max_restarts allows, else the "
