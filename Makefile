@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 	@rm -f $(VENV)/.installed-* && touch $@
 
 test: install
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: install
 	$(PY) -m pytest -m "not slow and not distributed and not vllm" $(PYTEST_ARGS)

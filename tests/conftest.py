@@ -24,6 +24,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+HEAVY_MARKS = ("slow", "vllm", "distributed")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files holding a slow, vLLM or multi-process test run first (a stable sort: the order inside each
+    group stays). `make test` hands whole files to two workers in collection order (--dist loadfile
+    --no-loadscope-reorder; xdist's own reorder, by test count, would start the few-test multi-minute
+    files last): long files first leave short ones to even out the two workers' ends."""
+    heavy = {item.path for item in items if any(item.get_closest_marker(m) for m in HEAVY_MARKS)}
+    items.sort(key=lambda item: item.path not in heavy)
+
+
 def need_fixture(rel: str) -> Path:
     """Return ``FIXTURES/rel`` or skip the test with the reason."""
     path = FIXTURES / rel
