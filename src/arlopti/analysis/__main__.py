@@ -87,6 +87,10 @@ COMMANDS = {"token-distribution": cmd_token_distribution, "grad-norms": cmd_grad
 
 def main(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
+    if args.command == "study":  # before anything runs, --threads included
+        from arlopti.analysis.study_checks import check_study_args
+
+        check_study_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)

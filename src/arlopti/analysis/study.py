@@ -26,8 +26,8 @@ from dataclasses import asdict
 from multiprocessing import get_context
 from pathlib import Path
 
+from arlopti.analysis.study_checks import check_study_args
 from arlopti.analysis.study_kk_cli import add_kk_args
-from arlopti.config import ConfigError
 
 log = logging.getLogger("arlopti.analysis")
 
@@ -53,7 +53,8 @@ def add_study_args(p) -> None:
 
 
 def cmd_study(args) -> dict:
-    """Dispatch ``study <part>``."""
+    """Dispatch ``study <part>``, its numeric options checked first (:mod:`.study_checks`)."""
+    check_study_args(args)
     if args.study_command == "toy":
         return toy_study(args)
     if args.study_command == "kk-mechanism":
@@ -160,8 +161,6 @@ def toy_study(args) -> dict:
     from arlopti.analysis.study_methods import method_algorithms, parse_methods
     from arlopti.analysis.study_runs import ToySizes
 
-    if args.seeds < 2:
-        raise ConfigError(f"--seeds {args.seeds}: a CI over seeds needs at least 2")
     out = Path(args.out)
     t0 = time.perf_counter()
     methods = parse_methods(args.methods)
