@@ -18,6 +18,10 @@ PYTEST_WORKERS ?= 2
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
+	# The Python tool's OS sandbox (bubblewrap, Debian's package): installed here as root, else named.
+	@command -v bwrap >/dev/null || { if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null; \
+		else echo "note: bubblewrap (bwrap) is missing; the Python tool needs it: apt-get install bubblewrap"; fi; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned, so nothing can pull a CUDA build in its place.
 	$(PIP) install -q $(TORCH_PIN)

@@ -2,8 +2,8 @@
 shows the output, and the final answer is graded by the math task's official grader.
 
 Two environments, one per contract (:mod:`arlopti.tasks.env.base`), both running code with
-:func:`arlopti.tasks.env.python_tool.run_python` (a killable subprocess with limits; **not** a security
-sandbox, see that module and docs/multi_turn_envs.md):
+:func:`arlopti.tasks.env.python_tool.run_python` (a fresh interpreter with limits inside an OS sandbox,
+bubblewrap; :mod:`arlopti.tasks.env.sandbox` and docs/multi_turn_envs.md say what it allows):
 
 * :class:`MathToolEnv` (text contract, for models without a tool template, e.g. SmolLM2): its first
   message (:data:`INSTRUCTION`, a user message after the problem; the prompt must be chat messages,
@@ -26,14 +26,24 @@ environment's: its traceback or the limit it hit is the reply, and it is not an 
 class attribute ``limits`` (:class:`~arlopti.tasks.env.python_tool.PythonLimits`; subclass to change
 them: one instance is built per episode with no argument). ``limits.wall_s`` must stay under
 ``task.env_timeout_s`` (default 30 s), or the call is abandoned as a timeout first.
+
+Building an instance checks that the sandbox works on this machine (the run's probe instance does it at
+start-up) and refuses in one line naming the fix where it does not. The class attribute ``sandbox =
+False`` is the explicit opt-out: the code then runs with the trainer's user rights, files and network
+(only the limits hold), and a warning says so when the first instance is built.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 from arlopti.tasks.env.base import TextEnv
 from arlopti.tasks.env.python_tool import PythonLimits, run_python
+from arlopti.tasks.env.sandbox import require_sandbox
+
+log = logging.getLogger(__name__)
+_WARNED: set[type] = set()
 
 #: The text contract's first message (a user message after the problem).
 INSTRUCTION = ("You may run Python code to help you. Write the code in a Markdown block that starts with "
@@ -77,12 +87,21 @@ class _Runner:
     own failures."""
 
     limits: PythonLimits = PythonLimits()
+    #: Run the code in the OS sandbox (module docstring); False is the explicit, warned opt-out.
+    sandbox: bool = True
 
     def __init__(self):
         self.runs: list[str] = []
+        if self.sandbox:
+            require_sandbox()
+        elif type(self) not in _WARNED:
+            _WARNED.add(type(self))
+            log.warning("%s.sandbox = False: model-written code runs WITHOUT the OS sandbox, with this process's "
+                        "user rights, files and network (only the CPU, memory, file-size and wall-clock limits "
+                        "hold); use it only for code you trust", type(self).__name__)
 
     def _run(self, code: str) -> str:
-        result = run_python(code, self.limits)
+        result = run_python(code, self.limits, sandbox=self.sandbox)
         self.runs.append(result.status)
         return result.reply()
 

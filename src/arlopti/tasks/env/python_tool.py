@@ -1,33 +1,28 @@
-"""Run model-written Python in a throwaway directory, in a killable subprocess with limits.
+"""Run model-written Python in a throwaway directory, inside the OS sandbox, with limits.
 
 The runner of the built-in "math with a Python tool" environments (:mod:`arlopti.tasks.env.math_tool`,
 ToRL / ReTool style): :func:`run_python` writes the code to ``main.py`` in a fresh temporary
-directory and runs it in a new interpreter, in a session (process group) of its own, and returns a
-:class:`RunResult` whose :meth:`RunResult.reply` is what the model is shown. Standard library only:
+directory and runs it in a new interpreter inside a bubblewrap sandbox of its own
+(:mod:`arlopti.tasks.env.sandbox`: new user, PID, network and IPC namespaces, read-only system,
+interpreter and venv, the directory the only writable place, a clean environment), and returns a
+:class:`RunResult` whose :meth:`RunResult.reply` is what the model is shown.
 
-* **limits** (:class:`PythonLimits`): CPU seconds (``RLIMIT_CPU``), an address-space cap
-  (``RLIMIT_AS``), the largest file it may write (``RLIMIT_FSIZE``), open files (``RLIMIT_NOFILE``),
-  no core files; a wall-clock deadline (the parent SIGKILLs the whole process group, and the child's
-  own ``alarm`` ends it should the parent die); an output cap (the parent stops reading and kills it
-  once more than ``max_output_bytes`` arrived, so a 100 MB print costs a few KB);
-* **a stripped environment**: ``python -I -B`` (no ``PYTHON*`` variables, no user site, no
-  bytecode written), a minimal ``env`` (``PATH``, ``HOME`` and ``TMPDIR`` = the directory, one BLAS
-  thread), stdin from ``/dev/null``, the working directory deleted afterwards; the interpreter is
-  ``sys.executable``, so the packages of this environment (sympy, numpy) import;
-* **a guard against accidents** (a :func:`sys.addaudithook` hook installed before the code runs,
-  which code cannot remove): it refuses sockets, new processes (``fork``, ``subprocess``,
-  ``os.system``, ``exec``), signals to other processes, raising the limits, and writes, deletes,
-  renames or links outside the working directory. Each refusal is a ``PermissionError`` in the
-  model's traceback. ``RLIMIT_NPROC`` is not used: it counts every process of the user and does
-  not bind root, which most containers run as; the guard stops a fork bomb at its first fork.
+* **limits** (:class:`PythonLimits`), set by the child inside the sandbox before the code runs: CPU
+  seconds (``RLIMIT_CPU``), an address-space cap (``RLIMIT_AS``), the largest file it may write
+  (``RLIMIT_FSIZE``), open files (``RLIMIT_NOFILE``), no core files, and the number of processes and
+  threads (:class:`~arlopti.tasks.env.sandbox.ProcessCap`); outside, a wall-clock deadline (the whole
+  sandbox is SIGKILLed, and the child's own ``alarm`` ends it should the trainer die first) and an
+  output cap (the trainer stops reading and kills it once more than ``max_output_bytes`` arrived, so a
+  100 MB print costs a few KB);
+* the interpreter is ``sys.executable`` run as ``python -I -B`` (no ``PYTHON*`` variables, no user
+  site, no bytecode written), so the packages of this environment (sympy, numpy) import; stdin is
+  ``/dev/null``; the working directory is deleted afterwards, and every process the run started is
+  gone when it ends (the PID namespace dies with its first process).
 
-**This is not a security sandbox.** Python's audit hooks are documented as unfit for one: code
-that loads a C library (``ctypes``, a compiled extension) or finds another path the hook does not
-see runs with the trainer's user rights. It is for a model's honest mistakes (an infinite loop, a
-memory hog, a stray ``open("out.txt", "w")`` in the repository). Where code may be hostile, run it
-in a container with no network and a read-only root (``docker run --network none --read-only``),
-gVisor (``runsc``), ``firejail --net=none --private``, nsjail, or a remote sandbox service
-(e.g. SandboxFusion, E2B, Modal); docs/multi_turn_envs.md says how to plug one in.
+The code may do anything inside: fork, open sockets (there is only its own loopback), load C code. What
+the sandbox refuses is the kernel's doing, not a check in Python. ``sandbox=False`` (the environments'
+class attribute ``sandbox``) runs the same child without the sandbox: the limits hold, nothing else
+does; it is for code you trust, and the environments warn at start-up when it is off.
 
 Each call is independent (no state carries from one code block to the next), as in ToRL. When the
 code's last statement is an expression its value is printed, as in a notebook (``echo_last=True``).
@@ -46,6 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from arlopti.tasks.env.sandbox import ProcessCap, bwrap_args, require_sandbox, sandbox_env
+
 STATUSES = ("ok", "error", "memory", "timeout", "output_limit")
 # The child's exit code after a MemoryError (an exception exits 1). Code that itself exits 86 reads as
 # "memory": only the reply's last line differs.
@@ -62,9 +59,11 @@ class PythonLimits:
     max_output_bytes: int = 2048  # stdout + stderr kept; past it the run is stopped and the reply truncated
     max_file_mb: int = 16  # the largest file the code may write (RLIMIT_FSIZE)
     max_open_files: int = 256  # RLIMIT_NOFILE
+    max_processes: int = 16  # processes and threads of the whole run (sandbox.ProcessCap), its init included
 
     def __post_init__(self):
-        for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_mb", "max_open_files"):
+        for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_mb", "max_open_files",
+                     "max_processes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"PythonLimits.{name}={value!r}: expected a number > 0")
@@ -105,48 +104,19 @@ class RunResult:
         return f"{self.output.rstrip()}\n{note}" if self.output.strip() else note
 
 
-# The child: limits, then the guard, then the code. Run as ``python -I -B -u -c _CHILD <limits...>``
-# in the working directory, which holds main.py. Kept short; the module docstring says what it does.
+# The child: limits, then the code. Run as ``python -I -B -u -c _CHILD <limits...>`` in the working
+# directory, which holds main.py (inside the sandbox, or bare with sandbox=False).
 _CHILD = r'''
-import ast, os, resource, signal, sys, traceback
-cpu, mem, fsize, nofile, wall, echo = sys.argv[1:7]
-for lim, soft, hard in ((resource.RLIMIT_CPU, int(cpu), int(cpu) + 1), (resource.RLIMIT_AS, int(mem), int(mem)),
-                        (resource.RLIMIT_FSIZE, int(fsize), int(fsize)), (resource.RLIMIT_NOFILE, int(nofile),
-                        int(nofile)), (resource.RLIMIT_CORE, 0, 0)):
+import ast, resource, signal, sys, traceback
+cpu, mem, fsize, nofile, nproc, wall, echo = sys.argv[1:8]
+limits = [(resource.RLIMIT_CPU, int(cpu), int(cpu) + 1), (resource.RLIMIT_AS, int(mem), int(mem)),
+          (resource.RLIMIT_FSIZE, int(fsize), int(fsize)), (resource.RLIMIT_NOFILE, int(nofile), int(nofile)),
+          (resource.RLIMIT_CORE, 0, 0)] + ([(resource.RLIMIT_NPROC, int(nproc), int(nproc))] if int(nproc) else [])
+for lim, soft, hard in limits:
     resource.setrlimit(lim, (soft, hard))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write raises OSError instead of killing
-signal.alarm(int(wall))  # ends the run even if the parent is gone
-ROOT = os.path.realpath(os.getcwd())
-WRITE = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-REFUSED = {"os.fork", "os.forkpty", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen",
-           "os.kill", "os.killpg", "resource.setrlimit", "resource.prlimit", "os.startfile"}
-PATHS = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1),
-         "os.symlink": (1,), "os.chmod": (0,), "os.chown": (0,), "os.truncate": (0,), "os.utime": (0,),
-         "os.mkfifo": (0,), "os.mknod": (0,), "shutil.rmtree": (0,), "os.setxattr": (0,), "os.removexattr": (0,)}
-def inside(path):
-    if isinstance(path, int):
-        return True
-    try:
-        real = os.path.realpath(os.fsdecode(path))
-    except Exception:
-        return False
-    return real == ROOT or real.startswith(ROOT + os.sep) or real == os.devnull
-def guard(event, args):
-    if event.startswith("socket."):
-        raise PermissionError(f"networking is disabled in this Python tool ({event})")
-    if event in REFUSED:
-        raise PermissionError(f"{event} is disabled in this Python tool (no new processes, signals or limits)")
-    if event == "open":
-        path, mode, flags = args
-        writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (flags or 0) & WRITE
-        paths = [path] if writes else []
-    else:
-        paths = [args[i] for i in PATHS.get(event, ()) if i < len(args)]
-    for path in paths:
-        if not inside(path):
-            raise PermissionError(f"{event} on {path!r}: only the working directory may be changed")
+signal.alarm(int(wall))  # ends the run even if the trainer is gone
 source = open("main.py", encoding="utf-8", errors="replace").read()
-sys.addaudithook(guard)
 scope = {"__name__": "__main__", "__builtins__": __builtins__}
 try:
     tree = ast.parse(source, "main.py")
@@ -163,13 +133,6 @@ except BaseException as err:
     traceback.print_exception(type(err), err, tb)
     sys.exit(86 if isinstance(err, MemoryError) else 1)
 '''
-
-
-def stripped_env(workdir: str) -> dict[str, str]:
-    """The child's whole environment: nothing of the trainer's (no tokens, no proxies, no CUDA)."""
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-            "MPLBACKEND": "Agg"}
 
 
 def _has_exited(pid: int) -> bool:
@@ -237,24 +200,31 @@ def _status(stopped: str | None, code: int | None) -> str:
 
 
 def run_python(code: str, limits: PythonLimits | None = None, *, echo_last: bool = True,
-               python: str | None = None) -> RunResult:
-    """Run ``code`` under ``limits`` (module docstring) and return what happened. Never raises for
-    anything the code does; never outlives ``limits.wall_s`` by more than the kill and clean-up."""
+               python: str | None = None, sandbox: bool = True) -> RunResult:
+    """Run ``code`` under ``limits`` (module docstring), in the OS sandbox unless ``sandbox=False``, and
+    return what happened. Never raises for anything the code does (a sandbox that cannot run here is
+    :class:`~arlopti.tasks.env.sandbox.SandboxUnavailable`); never outlives ``limits.wall_s`` by more than
+    the kill and clean-up."""
     limits = limits or PythonLimits()
     if not isinstance(code, str):
         raise TypeError(f"run_python: code must be a str, got {type(code).__name__}")
+    if sandbox:
+        require_sandbox()
     start = time.monotonic()
-    deadline = start + limits.wall_s
-    with tempfile.TemporaryDirectory(prefix="arlopti-py-", ignore_cleanup_errors=True) as workdir:
+    with tempfile.TemporaryDirectory(prefix="arlopti-py-", ignore_cleanup_errors=True) as workdir, \
+            ProcessCap(limits.max_processes if sandbox else 0) as cap:
+        workdir = os.path.realpath(workdir)
         Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="surrogatepass")
         args = [str(math.ceil(limits.cpu_s)), str(int(limits.memory_mb) * 2**20), str(int(limits.max_file_mb) * 2**20),
-                str(int(limits.max_open_files)), str(math.ceil(limits.wall_s) + 1), "1" if echo_last else "0"]
-        proc = subprocess.Popen([python or sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _CHILD, *args],
-                                cwd=workdir, env=stripped_env(workdir), stdin=subprocess.DEVNULL,
+                str(int(limits.max_open_files)), str(cap.rlimit), str(math.ceil(limits.wall_s) + 1),
+                "1" if echo_last else "0"]
+        child = [python or sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _CHILD, *args]
+        argv = [*cap.prefix, *bwrap_args(workdir), *child] if sandbox else child
+        proc = subprocess.Popen(argv, cwd=workdir, env=sandbox_env(workdir), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                 close_fds=True)
         try:
-            out, stopped = _read_bounded(proc, int(limits.max_output_bytes), deadline)
+            out, stopped = _read_bounded(proc, int(limits.max_output_bytes), start + limits.wall_s)
         finally:
             _kill_group(proc)
             proc.stdout.close()
@@ -263,4 +233,4 @@ def run_python(code: str, limits: PythonLimits | None = None, *, echo_last: bool
     return RunResult(text, _status(stopped, code_), code_, time.monotonic() - start, limits)
 
 
-__all__ = ["STATUSES", "PythonLimits", "RunResult", "run_python", "stripped_env"]
+__all__ = ["STATUSES", "PythonLimits", "RunResult", "run_python"]

@@ -1,0 +1,209 @@
+"""The OS sandbox of model-written code: bubblewrap (``bwrap``, Flatpak's sandbox), not a check in Python.
+
+A run of the Python tool (:mod:`arlopti.tasks.env.python_tool`) is one ``bwrap`` process tree:
+
+* **new namespaces** for users, PIDs, the network, IPC, UTS and cgroups (``--unshare-all``): the code
+  sees only its own processes (it is PID 2, its parent is the sandbox's init), has a loopback of its own
+  and no route out, and cannot signal anything outside;
+* **a filesystem of its own**: read-only binds of the system's libraries and tools (``/usr`` and the
+  ``/lib``, ``/lib64``, ``/bin`` links into it), of the interpreter's installation
+  (``sys.base_prefix``) and of the venv (``sys.prefix``, so sympy and numpy import); one writable
+  directory (the run's working directory, at the same path as on the host); a private ``/tmp``, a
+  fresh ``/proc`` of the new PID namespace and a minimal ``/dev``. Nothing else of the host exists
+  there: not ``/etc``, not the home directories, not the repository, not the host's ``/tmp``;
+* **a clean environment** (``--clearenv`` plus the few variables :func:`sandbox_env` names; ``bwrap``
+  itself is started with that environment too, so the sandbox's init holds none of the trainer's);
+* ``--die-with-parent`` (a killed trainer or a killed ``bwrap`` takes the whole tree with it) and
+  ``--new-session`` (no access to the trainer's terminal);
+* **a process cap**: ``RLIMIT_NPROC``, set inside, counts the processes of the sandbox's own user
+  namespace, but it does not bind root (the kernel exempts the host's root user). Started by root, the
+  run is therefore placed in a ``pids`` cgroup of its own whose ``pids.max`` is the cap
+  (:class:`ProcessCap`). The other limits (CPU time, memory, file size, open files) are set inside by
+  the child before it runs the code; the wall clock stays outside, killing the whole tree.
+
+:func:`require_sandbox` checks, once per process, that all of this works here (``bwrap`` installed,
+user namespaces allowed, a process cap available) and otherwise raises :class:`SandboxUnavailable`,
+one line naming the fix. docs/multi_turn_envs.md states the threat model and what each run costs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from arlopti.config import ConfigError
+
+#: What installs the sandbox (README, Makefile, CI do this).
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap; "
+                "`make install` does it as root)")
+_SYSTEM_PATHS = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")
+
+
+class SandboxUnavailable(ConfigError):
+    """The OS sandbox cannot run on this machine; the message says why and how to fix it."""
+
+
+def sandbox_env(workdir: str) -> dict[str, str]:
+    """The whole environment of sandboxed code (and of ``bwrap``): nothing of the trainer's."""
+    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+            "MPLBACKEND": "Agg"}
+
+
+def _read_only_binds() -> list[str]:
+    """``--ro-bind`` / ``--symlink`` arguments for the system paths, the interpreter and the venv."""
+    args: list[str] = []
+    for path in _SYSTEM_PATHS:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    roots = sorted({os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix), os.path.abspath(sys.prefix)})
+    for root in roots:
+        covered = [r for r in ("/usr", *roots) if r != root and root.startswith(r.rstrip("/") + "/")]
+        if not covered:  # a venv inside the interpreter's folder is bound with it
+            args += ["--ro-bind", root, root]
+    return args
+
+
+def bwrap_args(workdir: str) -> list[str]:
+    """The ``bwrap`` command line (up to the sandboxed command) for one run in ``workdir`` (module
+    docstring)."""
+    bwrap = shutil.which("bwrap") or "bwrap"
+    env = [a for k, v in sandbox_env(workdir).items() for a in ("--setenv", k, v)]
+    return [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *_read_only_binds(),
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, workdir, "--chdir", workdir,
+            "--clearenv", *env, "--"]
+
+
+def _pids_hierarchy() -> Path | None:
+    """This process's cgroup directory in a ``pids`` hierarchy (cgroup v1's ``pids``, or v2), writable, or
+    None. Whether a child cgroup there really gets ``pids.max`` is :class:`ProcessCap`'s to find out."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        mounts = [m.split(" - ") for m in Path("/proc/self/mountinfo").read_text().splitlines()]
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, rel = line.split(":", 2)
+        v2 = controllers == ""
+        if not v2 and "pids" not in controllers.split(","):
+            continue
+        for left, right in (m for m in mounts if len(m) == 2):
+            fstype, options = right.split()[0], right.split()[-1].split(",")
+            if not ((v2 and fstype == "cgroup2") or (not v2 and fstype == "cgroup" and "pids" in options)):
+                continue
+            mount_root, mount_point = left.split()[3:5]
+            if rel == mount_root or rel.startswith(mount_root.rstrip("/") + "/"):
+                base = Path(mount_point) / rel[len(mount_root):].lstrip("/")
+                if os.access(base, os.W_OK):
+                    return base
+    return None
+
+
+class ProcessCap:
+    """The cap on the processes (and threads) of one run: ``RLIMIT_NPROC`` inside the sandbox for a
+    non-root trainer (:attr:`rlimit` is the value the child sets), a ``pids`` cgroup of the run's own
+    for root (:attr:`prefix` is the command that enters it before ``exec bwrap``). Use as a context
+    manager around the run: the cgroup goes when the run's processes are gone. ``limit=0``: no cap (a
+    run outside the sandbox, where ``RLIMIT_NPROC`` would count every process of the user)."""
+
+    def __init__(self, limit: int):
+        self.limit = int(limit)
+        self.cgroup: Path | None = None
+        self.rlimit = self.limit if os.geteuid() != 0 else 0
+
+    def __enter__(self) -> "ProcessCap":
+        if self.rlimit or not self.limit:
+            return self
+        parent = _pids_hierarchy()
+        if parent is None:
+            raise SandboxUnavailable(_NO_CAP)
+        self.cgroup = parent / f"arlopti-sandbox-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            self.cgroup.mkdir()
+            (self.cgroup / "pids.max").write_text(str(self.limit))  # absent where v2's pids is not enabled
+        except OSError:
+            self.__exit__()
+            raise SandboxUnavailable(_NO_CAP) from None
+        return self
+
+    @property
+    def prefix(self) -> list[str]:
+        if self.cgroup is None:
+            return []
+        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup / "cgroup.procs")]
+
+    def __exit__(self, *exc) -> None:
+        if self.cgroup is None or not self.cgroup.exists():
+            return
+        deadline = time.monotonic() + 5.0  # the namespace's processes die as their init does, asynchronously
+        while True:
+            try:
+                self.cgroup.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:  # pragma: no cover - a process SIGKILL cannot end
+                    return
+                _kill_all(self.cgroup)
+                time.sleep(0.005)
+
+
+def _kill_all(cgroup: Path) -> None:
+    """SIGKILL every process left in ``cgroup`` (v1 has no ``cgroup.kill``)."""
+    try:
+        pids = (cgroup / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass
+
+
+_NO_CAP = ("the Python tool's sandbox has no process cap here: the trainer runs as root (RLIMIT_NPROC does not bind "
+           "root) and no writable pids cgroup was found; run the trainer as a non-root user, or give it a pids cgroup "
+           "(cgroup v1 pids or v2 with +pids), or opt out with the environment's class attribute sandbox = False "
+           "(docs/multi_turn_envs.md)")
+
+
+@functools.cache
+def sandbox_problem() -> str | None:
+    """Why the sandbox cannot run here (one line naming the fix), or None: ``bwrap`` is found, starts a
+    sandbox with new namespaces, and a process cap is available. Checked once per process."""
+    if shutil.which("bwrap") is None:
+        return f"the Python tool's sandbox needs bubblewrap (bwrap) and it is not on PATH: {INSTALL_HINT}"
+    workdir = os.path.realpath(os.getcwd()) if os.access(os.getcwd(), os.W_OK) else "/"
+    try:
+        probe = subprocess.run([*bwrap_args(workdir), "/bin/true"], env=sandbox_env(workdir),
+                               capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"the Python tool's sandbox (bwrap) could not start: {err}; {INSTALL_HINT}"
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or ["no message"])[-1]
+        return (f"the Python tool's sandbox (bwrap) could not start ({why}): unprivileged user namespaces are "
+                "probably disabled; enable them (sysctl kernel.unprivileged_userns_clone=1, or "
+                "user.max_user_namespaces > 0) or run in a container that allows them")
+    try:
+        with ProcessCap(4):
+            pass
+    except SandboxUnavailable as err:
+        return str(err)
+    return None
+
+
+def require_sandbox() -> None:
+    """Raise :class:`SandboxUnavailable` (one line naming the fix) unless the sandbox works here."""
+    problem = sandbox_problem()
+    if problem is not None:
+        raise SandboxUnavailable(problem)
+
+
+__all__ = ["INSTALL_HINT", "ProcessCap", "SandboxUnavailable", "bwrap_args", "require_sandbox", "sandbox_env",
+           "sandbox_problem"]
