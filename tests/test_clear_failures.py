@@ -8,6 +8,8 @@ where the resumed run can be compared bit for bit) and tests/entry/test_api.py (
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -146,3 +148,30 @@ def test_a_failing_reward_function_stops_the_run_in_one_line(tmp_path):
         "task.max_error_frac=" in line and "First error (its traceback is logged above): KeyError: 'answer'" in line
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count(f'{reward}", line 2, in score') == 1  # the user's traceback
+
+
+def test_a_learning_rate_that_diverges_stops_in_one_line_naming_the_cause_and_a_checkpoint(tmp_path):
+    """Issue 42: ``optim.lr=1e30`` warned at the first step (the update 1e28 x the weights' norm), ran on to
+    ``kl nan``, and the diagnostics callback died with ``index -9223372036854775808 is out of bounds``,
+    saving nothing. Now (a ``python train.py`` process of its own, the tiny model, diagnostics on) the run
+    stops in one line that names the cause and the fix, with the last finite weights saved and named."""
+    import re
+    import subprocess
+    import sys
+
+    from helpers.train_cli import REPO, SMOKE
+
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "train.py", "experiment=kk_lopti", *SMOKE, "optim.lr=1e30", "rollout_steps=6",
+                           f"paths.log_dir={tmp_path}/logs", f"hydra.run.dir={tmp_path}/run"],
+                          cwd=REPO, env={**env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = one_line(proc.stderr)
+    assert line.startswith("NonFiniteAbort: ") and "(cause: optim.lr=1e+30: the first optimizer step moved the " \
+        "weights by" in line and "ower optim.lr" in line, line
+    assert "out of bounds" not in proc.stdout + proc.stderr and "kl nan" not in proc.stdout
+    saved = re.search(r"The last finite weights \(after rollout step (\d+)\) are saved in (\S+)\.$", line)
+    assert saved, line
+    ckpt = torch.load(saved.group(2), map_location="cpu", weights_only=False)
+    assert ckpt["arlopti"]["rollout_step"] == int(saved.group(1)) >= 1
+    assert all(bool(v.isfinite().all()) for v in ckpt["state_dict"].values() if torch.is_floating_point(v))

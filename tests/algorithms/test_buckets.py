@@ -116,3 +116,17 @@ def test_rounding_above_one_lands_in_the_top_bucket():
     assert prob_bin_counts(p, torch.ones_like(p), bins=4).tolist() == [1.0, 0.0, 0.0, 1.0]
     with pytest.raises(ValueError, match="must lie in"):
         bucket_index(torch.tensor([1.01]))
+
+
+def test_prob_bin_counts_refuses_a_nan_instead_of_an_int64_min_index():
+    """Issue 42: NaN * bins floored and cast to long is -9223372036854775808, which scatter_add_ refused as
+    ``index ... is out of bounds``. A valid token with a non-finite p is now a ValueError that says so; a NaN
+    off the mask is ignored like any padding."""
+    from arlopti.algorithms.buckets import prob_bin_counts
+
+    p = torch.tensor([[0.1, math.nan, 0.9], [0.3, 0.5, math.nan]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    with pytest.raises(ValueError, match=r"prob_bin_counts: 1 of the 5 valid tokens have a non-finite probability"):
+        prob_bin_counts(p, mask, bins=4)
+    mask[0, 1] = 0.0
+    assert prob_bin_counts(p, mask, bins=4).tolist() == [1.0, 1.0, 1.0, 1.0]

@@ -13,7 +13,7 @@ import torch
 
 from arlopti.algorithms import Phase
 from arlopti.algorithms.buckets import BUCKET_NAMES
-from arlopti.analysis.diagnostics import DiagnosticSums, metrics_from_sums, prob_histogram, step_sums
+from arlopti.analysis.diagnostics import DiagnosticSums, metrics_from_sums, prob_histogram, prob_range, step_sums
 
 
 def test_step_sums_by_hand():
@@ -48,3 +48,37 @@ def test_prob_histogram_by_hand():
     want[0], want[1], want[10], want[19] = 2, 1, 1, 1  # 0 and .04 in [0, .05); .05 in [.05, .1); 1 in the last
     assert counts == want
     assert n == 5 and s1 == pytest.approx(1.6) and s2 == pytest.approx(0.04 ** 2 + 0.05 ** 2 + 0.51 ** 2 + 1)
+
+
+def test_a_nan_log_prob_is_left_out_and_counted_not_cast_to_a_bin_index():
+    """Issue 42: a NaN log-prob (diverged weights) became int64's minimum as a histogram bin index and the
+    diagnostics died with ``index -9223372036854775808 is out of bounds``. Now the token is left out of every
+    sum and counted in ``nonfinite``; the sums are exactly those of the finite tokens."""
+    p = torch.tensor([[0.1, 0.6, 0.9, 0.5], [0.3, 0.8, 0.2, 0.7]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    adv = torch.tensor([[2.0, 2.0, -1.0, 0.0], [1.0, -1.0, 1.0, 1.0]])
+    logp = p.log()
+    logp[1, 1] = math.nan  # a valid token
+    logp[0, 3] = math.nan  # padding: neither counted nor binned
+    sums = step_sums(logp, mask, adv, adv, 0.3)
+    keep = mask.clone()
+    keep[1, 1] = 0.0
+    want = step_sums(p.log(), keep, adv, adv, 0.3)
+    assert float(sums.nonfinite) == 1.0 and float(want.nonfinite) == 0.0
+    for name in ("counts", "mass", "mass_raw", "ar_weight", "hist"):
+        assert torch.equal(getattr(sums, name), getattr(want, name)), name
+    assert metrics_from_sums(sums) == pytest.approx(metrics_from_sums(want))
+    flat, layout = sums.flat()  # the count travels with the other sums over ranks
+    assert float(DiagnosticSums.unflat(flat, layout).nonfinite) == 1.0
+    assert prob_range(logp, mask) == pytest.approx((0.1, 0.9))
+    h = prob_histogram(logp.exp(), mask)
+    assert float(h[-1]) == 6  # the count: the 6 finite valid tokens
+
+
+def test_every_token_nan_gives_empty_sums_and_no_range():
+    logp = torch.full((2, 3), math.nan)
+    mask = torch.ones(2, 3)
+    sums = step_sums(logp, mask, torch.ones(2, 3), torch.ones(2, 3))
+    assert float(sums.nonfinite) == 6 and float(sums.counts.sum()) == 0 and float(sums.hist[-1]) == 0
+    assert metrics_from_sums(sums) == {}
+    assert prob_range(logp, mask) == (math.inf, -math.inf)

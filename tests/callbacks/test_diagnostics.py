@@ -112,3 +112,44 @@ def test_bad_schedule_is_named():
         TokenDiagnosticsCallback(update_direction_every_n_steps=0)
     with pytest.raises(ValueError, match="hist_bins=0"):
         TokenDiagnosticsCallback(hist_bins=0)
+
+
+def test_nan_log_probs_are_left_out_with_a_warning_not_an_index_error(tiny_tokenizer, monkeypatch, caplog):
+    """Issue 42: a NaN log-prob reached the histogram as bin index int64-min and the callback died with
+    ``index -9223372036854775808 is out of bounds``. Here the learner's last step context gets NaN
+    log-probs (before and after the update) and the callback runs on it again: the tags are those of
+    the finite tokens, and a warning counts the others."""
+    import arlopti.callbacks.diagnostics as diag_mod
+
+    cfg = RunConfig(algorithm=AlgorithmConfig(), optim=OptimConfig(lr=1e-2),
+                    sizes=SizesConfig(prompts_per_step=2, group_size=4, mini_batch_size=8, micro_batch_size=4,
+                                      logprob_micro_batch_size=8),
+                    rollout=RolloutConfig(temperature=1.0, max_new_tokens=8))
+    cb = TokenDiagnosticsCallback(every_n_steps=1, update_direction_every_n_steps=1)
+    module = GRPOModule(cfg, tokenizer=tiny_tokenizer, total_rollout_steps=1)
+    dm = ToyDataModule(tokenizer=tiny_tokenizer, prompts_per_step=2, max_prompt_length=256)
+    trainer = toy_trainer(callbacks=[cb], logger=CaptureLogger())
+    trainer.fit(module, datamodule=dm)
+    ctx = module.last_step_context
+    mask = ctx.experience.response_mask.bool()
+    rows, cols = mask.nonzero(as_tuple=True)
+    ctx.old_log_probs[rows[0], cols[0]] = math.nan  # NaN before the update
+    real = diag_mod.post_update_log_probs
+
+    def post_update(*a, **k):  # and one more token NaN only after it
+        out = real(*a, **k)
+        out[rows[1], cols[1]] = math.nan
+        return out
+
+    monkeypatch.setattr(diag_mod, "post_update_log_probs", post_update)
+    with caplog.at_level("WARNING", logger="arlopti.callbacks.diagnostics"):
+        cb.on_train_batch_end(trainer, module, None, None, 0)
+    m = cb.last_metrics
+    assert sum(v for k, v in m.items() if k.startswith("diag/bucket_frac/")) == pytest.approx(1.0)
+    kept = mask.clone()
+    kept[rows[0], cols[0]] = False
+    assert float(cb.last_hist[-1]) == int(kept.sum())  # the histogram counts the finite tokens only
+    assert any(k.startswith("diag/update_dir_") for k in m) and not any(math.isnan(v) for v in m.values())
+    found = [r.getMessage() for r in caplog.records if r.name == "arlopti.callbacks.diagnostics"]
+    assert found == ["diagnostics at rollout step 1: 2 response tokens have a NaN log-prob (diverged weights) and "
+                     "are left out of the diag/* tags"], found

@@ -169,11 +169,16 @@ def is_monotone_decreasing(values: list[float | None]) -> bool | None:
 
 def prob_bin_counts(p: Tensor, mask: Tensor, bins: int = 20) -> Tensor:
     """``[bins]`` float64: counts of the valid tokens' p in ``bins`` equal bins of [0, 1]; bin i holds
-    i/bins ≤ p < (i+1)/bins (computed in float64 from ``p``'s own dtype), p = 1 falls in the last."""
+    i/bins ≤ p < (i+1)/bins (computed in float64 from ``p``'s own dtype), p = 1 falls in the last.
+    A valid token with a non-finite p is a ``ValueError`` (it belongs to no bin)."""
     if bins < 1:
         raise ValueError(f"histogram bins must be >= 1, got {bins}")
     _check(p, mask)
     v = p.detach().double()[mask.bool()]
+    bad = int((~torch.isfinite(v)).sum())
+    if bad:  # NaN would become int64's minimum as a bin index (issue 42: "index -9223372036854775808")
+        raise ValueError(f"prob_bin_counts: {bad} of the {v.numel()} valid tokens have a non-finite probability; "
+                         "leave them out of the mask (arlopti.analysis.diagnostics counts them apart)")
     idx = (v * bins).floor().clamp(0, bins - 1).long()
     return torch.zeros(bins, dtype=torch.float64, device=p.device).scatter_add_(0, idx, torch.ones_like(v))
 

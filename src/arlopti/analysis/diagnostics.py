@@ -12,6 +12,11 @@ tags). With ``p = exp(old_log_probs)`` and the buckets of :mod:`arlopti.algorith
 * :func:`prob_histogram` / :func:`prob_range`: the histogram sums of p and this rank's (min, max);
 * :func:`post_update_log_probs`: the extra no-grad forward with the post-update weights that the
   update-direction fractions (the paper's Fig. 3) compare with ``old_log_probs``.
+
+A valid token whose log-prob is NaN (diverged weights; the learner stops at such a step, but a
+post-update forward or another caller can still hold one) belongs to no bucket: every function here
+leaves it out (:func:`finite_tokens`) and :attr:`DiagnosticSums.nonfinite` counts it, so that NaN is
+never cast to a bin index (issue 42: ``index -9223372036854775808 is out of bounds``).
 """
 
 from __future__ import annotations
@@ -30,18 +35,28 @@ HIST_BINS = 20
 
 def prob_histogram(p: Tensor, mask: Tensor, bins: int = HIST_BINS) -> Tensor:
     """``[bins + 3]`` float64: counts of the valid tokens' p in ``bins`` equal bins of [0, 1]
-    (bin i holds i/bins ≤ p < (i+1)/bins, p = 1 in the last), then Σp, Σp² and the count.
+    (bin i holds i/bins ≤ p < (i+1)/bins, p = 1 in the last), then Σp, Σp² and the count; tokens
+    with a non-finite p are left out (:func:`finite_tokens`).
 
     All entries are sums, so ranks combine by adding (what TensorBoard's ``add_histogram_raw``
     needs, except min and max: see :func:`prob_range`).
     """
     if bins < 1:
         raise ValueError(f"callbacks.diagnostics.hist_bins={bins} must be >= 1")
+    mask = finite_tokens(mask, p)
     counts = prob_bin_counts(p, mask, bins)
     v = p.detach().double()[mask.bool()]
     return torch.cat([counts, torch.stack([v.sum(), (v * v).sum(), torch.tensor(float(v.numel()),
                                                                                   dtype=torch.float64,
                                                                                   device=p.device)])])
+
+
+def finite_tokens(mask: Tensor, *values: Tensor) -> Tensor:
+    """Bool ``[B, T]``: the valid tokens (``mask``) at which every one of ``values`` is finite."""
+    keep = mask.bool()
+    for v in values:
+        keep = keep & torch.isfinite(v)
+    return keep
 
 
 @dataclass
@@ -56,10 +71,11 @@ class DiagnosticSums:
     phase_tokens: dict[str, Tensor] = field(default_factory=dict)  # phase name -> scalar token count
     hist: Tensor | None = None  # prob_histogram: [bins + 3]
     direction: dict[str, Tensor] = field(default_factory=dict)  # update_direction_counts keys
+    nonfinite: Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))  # valid tokens left out
 
     def flat(self) -> tuple[Tensor, list[tuple[str, int]]]:
         """All sums in one 1-D tensor plus the (name, length) layout, for one all-reduce."""
-        parts, layout = [self.counts, self.mass], [("counts", 4), ("mass", 4)]
+        parts, layout = [self.counts, self.mass, self.nonfinite], [("counts", 4), ("mass", 4), ("nonfinite", 1)]
         for name in ("mass_raw", "ar_weight"):
             v = getattr(self, name)
             if v is not None:
@@ -86,7 +102,7 @@ class DiagnosticSums:
             out[name] = flat[pos:pos + n]
             pos += n
         sums = cls(counts=out["counts"], mass=out["mass"], mass_raw=out.get("mass_raw"),
-                   ar_weight=out.get("ar_weight"), hist=out.get("hist"))
+                   ar_weight=out.get("ar_weight"), hist=out.get("hist"), nonfinite=out["nonfinite"][0])
         sums.phase_mass = {k.split(":", 1)[1]: v[0] for k, v in out.items() if k.startswith("phase_mass:")}
         sums.phase_tokens = {k.split(":", 1)[1]: v[0] for k, v in out.items() if k.startswith("phase_tokens:")}
         sums.direction = {k.split(":", 1)[1]: v for k, v in out.items() if k.startswith("direction:")}
@@ -96,11 +112,14 @@ class DiagnosticSums:
 def step_sums(old_log_probs: Tensor, response_mask: Tensor, advantages: Tensor, advantages_raw: Tensor,
               ar_alpha: float = 0.0, phases=None, hist_bins: int | None = HIST_BINS) -> DiagnosticSums:
     """The cheap per-bucket sums of one step (no forward pass). ``phases``: the learner's phase list;
-    ``hist_bins``: bins of the probability histogram (None = no histogram)."""
-    p = torch.exp(old_log_probs.detach().float())
-    mask = response_mask
+    ``hist_bins``: bins of the probability histogram (None = no histogram). Valid tokens with a NaN
+    log-prob are left out of every sum and counted in ``nonfinite``."""
+    raw = torch.exp(old_log_probs.detach().float())
+    mask = finite_tokens(response_mask, raw).to(response_mask.dtype)
+    p = torch.where(mask.bool(), raw, torch.zeros_like(raw))  # no NaN reaches bucket_index, even off the mask
     mass_tok = grad_mass(p, advantages)
-    sums = DiagnosticSums(counts=bucket_counts(p, mask), mass=bucket_sums(mass_tok, p, mask))
+    sums = DiagnosticSums(counts=bucket_counts(p, mask), mass=bucket_sums(mass_tok, p, mask),
+                          nonfinite=(response_mask.bool() & ~mask.bool()).sum().double())
     if hist_bins is not None:
         sums.hist = prob_histogram(p, mask, hist_bins)
     if ar_alpha > 0:
@@ -159,8 +178,9 @@ def post_update_log_probs(policy, experience, temperature: float, micro_batch_si
 
 
 def prob_range(old_log_probs: Tensor, mask: Tensor) -> tuple[float, float]:
-    """``(min p, max p)`` over this rank's valid tokens; ``(inf, -inf)`` when there is none."""
-    v = torch.exp(old_log_probs.detach().double())[mask.bool()]
+    """``(min p, max p)`` over this rank's valid tokens with a finite p; ``(inf, -inf)`` when there is none."""
+    p = torch.exp(old_log_probs.detach().double())
+    v = p[finite_tokens(mask, p)]
     if not v.numel():
         return (math.inf, -math.inf)  # neutral for the max-reduction over ranks
     return float(v.min()), float(v.max())

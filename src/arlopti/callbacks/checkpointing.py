@@ -8,7 +8,9 @@
   Ctrl-C). A signal only sets a flag; the step in progress finishes, then every rank saves and
   training stops cleanly (exit status 0), logging how to resume and leaving ``PREEMPTED`` (a
   JSON note: step, signal) beside the checkpoint for a job script to requeue on; a run that ends
-  normally removes it. A second signal kills the process at once (a second Ctrl-C too).
+  normally removes it. A second signal kills the process at once (a second Ctrl-C too). Also when
+  the learner stops on a :class:`~arlopti.learner.guard.NonFiniteAbort` whose weights are still those
+  of the step's start (finite): the abort's one line names the file (:meth:`RolloutCheckpoint.on_exception`).
 
 The checkpoint folder is checked to be writable at start-up (:meth:`RolloutCheckpoint.check_writable`,
 called by ``arlopti.entry.train.build`` and again in ``setup``), not at the first save after the training
@@ -55,7 +57,7 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 
 from arlopti.callbacks.cadence import check_every, due
-from arlopti.learner.guard import tensors_finite
+from arlopti.learner.guard import NonFiniteAbort, tensors_finite
 from arlopti.checkpoints.resume import LAST, CheckpointError, validate_checkpoint, write_manifest
 
 log = logging.getLogger(__name__)
@@ -167,6 +169,25 @@ class RolloutCheckpoint(Checkpoint):
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._restore_handlers()
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        """A :class:`~arlopti.learner.guard.NonFiniteAbort` that left the weights as they were at the start
+        of the rollout step (its ``clean``): save them to ``last.ckpt`` now, as a failed rollout worker's
+        stop does, and name the file in the abort's one line (issue 42). One process only: under several
+        ranks the line names the last checkpoint saved instead."""
+        if not isinstance(exception, NonFiniteAbort) or not exception.clean or not self.save_last:
+            return
+        step = int(pl_module.rollout_step)
+        if trainer.world_size > 1:
+            last = f"{self.dirpath / LAST} (rollout step {self.last_saved_step})" if self.last_saved_step >= 0 else None
+            exception.checkpoint_note = f"The last checkpoint: {last or 'none yet'}."
+            return
+        try:
+            path = self.save_last_checkpoint(trainer, step, reason="non-finite abort")
+        except CheckpointError as err:
+            exception.checkpoint_note = f"No checkpoint saved: {err}."
+        else:
+            exception.checkpoint_note = f"The last finite weights (after rollout step {step}) are saved in {path}."
 
     def signal_received(self, trainer) -> bool:
         """Whether any rank got a preemption signal (collective when distributed)."""

@@ -30,7 +30,9 @@ that (a saturated token, 1 − p ≈ 0) can count either way.
 * ``diag/update_dir_pos/<b>``: among tokens with A > 0 (before AR), the fraction whose log-prob rose;
 * ``diag/update_dir_neg/<b>``: among tokens with A < 0, the fraction whose log-prob fell.
 
-A bucket without such tokens is not logged at that step (no NaN in TensorBoard).
+A bucket without such tokens is not logged at that step (no NaN in TensorBoard). A token whose
+log-prob (before or after the update) is NaN is left out of every tag, with a warning that counts
+them (:mod:`arlopti.analysis.diagnostics`; issue 42: such a token used to crash the callback).
 
 Distributed: every rank computes its own sums (the extra forward is a collective under FSDP2, so
 every rank must run it), the sums are added over ranks, and global rank 0 logs; the fractions are
@@ -40,6 +42,7 @@ therefore over the global batch.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 
@@ -49,8 +52,10 @@ from torch import Tensor
 
 from arlopti.callbacks.cadence import check_every, due
 from arlopti.algorithms.buckets import update_direction_counts
-from arlopti.analysis.diagnostics import (HIST_BINS, DiagnosticSums, metrics_from_sums, post_update_log_probs,
-                                          prob_range, step_sums)
+from arlopti.analysis.diagnostics import (HIST_BINS, DiagnosticSums, finite_tokens, metrics_from_sums,
+                                          post_update_log_probs, prob_range, step_sums)
+
+log = logging.getLogger(__name__)
 
 
 class TokenDiagnosticsCallback(L.Callback):
@@ -89,8 +94,11 @@ class TokenDiagnosticsCallback(L.Callback):
             fwd = plugin.forward_context() if plugin is not None else contextlib.nullcontext()
             with fwd:
                 new_logp = post_update_log_probs(pl_module.policy, exp, pl_module.temperature, mb)
+            kept = finite_tokens(exp.response_mask, ctx.old_log_probs, new_logp)
             sums.direction = update_direction_counts(ctx.old_log_probs, new_logp, ctx.advantages_raw,
-                                                     exp.response_mask)
+                                                     kept.to(exp.response_mask.dtype))
+            # the tokens only the post-update forward made NaN (step_sums counted those of logπ_old)
+            sums.nonfinite = sums.nonfinite + (finite_tokens(exp.response_mask, ctx.old_log_probs) & ~kept).sum()
         p_range = prob_range(ctx.old_log_probs, exp.response_mask) if sums.hist is not None else None
         if trainer.world_size > 1:
             flat, layout = sums.flat()
@@ -100,6 +108,9 @@ class TokenDiagnosticsCallback(L.Callback):
                 mm = torch.tensor([-p_range[0], p_range[1]], dtype=torch.float64, device=pl_module.device)
                 mm = trainer.strategy.reduce(mm, reduce_op="max").cpu()
                 p_range = (-float(mm[0]), float(mm[1]))
+        if float(sums.nonfinite) > 0 and trainer.is_global_zero:
+            log.warning("diagnostics at rollout step %d: %d response tokens have a NaN log-prob (diverged weights) "
+                        "and are left out of the %s/* tags", step, int(sums.nonfinite), self.prefix)
         metrics = metrics_from_sums(sums, self.prefix)
         if not cheap:  # an update-direction-only step logs only those tags
             metrics = {k: v for k, v in metrics.items() if "/update_dir_" in k}

@@ -9,7 +9,16 @@ with :func:`tensors_finite` (one fused reduction over the parameters) and
 A learning rate can also be finite and absurd (``optim.lr=1e30`` ran to the end with weights near
 1e28, issue 38): before the process's first optimizer step, :meth:`NonFiniteGuard.check_first_step`
 computes the update that step is about to apply (:func:`first_step_size`) and warns when it is larger
-than the weights it updates."""
+than the weights it updates.
+
+Such weights stay finite (near 1e29 at ``optim.lr=1e30``) while the forward pass overflows: the
+policy's own log-probs of its samples come out NaN (issue 42: the run went on to ``kl nan`` and the
+diagnostics died on an index error). :meth:`NonFiniteGuard.check_log_probs` stops the run at the
+first such step, before any optimizer step of it (skipping cannot help: a skipped step leaves the
+weights as they are). Every abort names its cause (the first step's warning when there was one) and
+the fix; an abort that leaves the weights as they were at the start of the rollout step
+(:attr:`NonFiniteAbort.clean`) lets the checkpoint callback save them (the last finite weights) and
+name the file in the same line (:attr:`NonFiniteAbort.checkpoint_note`)."""
 
 from __future__ import annotations
 
@@ -23,7 +32,17 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteAbort(RuntimeError):
-    pass
+    """The run stops: a non-finite loss, gradient, weight or log-prob. ``clean``: the weights are still
+    those of the start of this rollout step (finite, no optimizer step of the step taken), so they may
+    be saved; ``checkpoint_note``: set by whoever saved them (or says why not), shown after the message."""
+
+    def __init__(self, message: str, *, clean: bool = False):
+        super().__init__(message)
+        self.message, self.clean = message, clean
+        self.checkpoint_note: str | None = None
+
+    def __str__(self) -> str:
+        return self.message + (f" {self.checkpoint_note}" if self.checkpoint_note else "")
 
 
 class NonFiniteGuard:
@@ -33,21 +52,40 @@ class NonFiniteGuard:
         self.total = 0
         self.poisoned = False  # set when check_weights found non-finite weights
         self.first_step_checked = False  # check_first_step ran in this process
+        self.cause: str | None = None  # what check_first_step warned about, named by every later abort
+        self._stepped_at: int | None = None  # the rollout step of the last optimizer step taken
 
     def allow(self, finite: bool, *, loss: float, grad_norm: float, rollout_step: int) -> bool:
         """True: take the step. False: skip it (counted). Raises :class:`NonFiniteAbort` after
         ``max_consecutive`` skips in a row. ``finite`` must already agree over ranks."""
         if finite:
             self.consecutive = 0
+            self._stepped_at = rollout_step
             return True
         self.consecutive += 1
         self.total += 1
         if self.consecutive >= self.max_consecutive:
             raise NonFiniteAbort(
                 f"{self.consecutive} consecutive optimizer steps had a non-finite loss or gradient "
-                f"(last loss={loss}, grad_norm={grad_norm}) at rollout step {rollout_step}. "
-                "Lower optim.lr, check the reward and the data, or raise algorithm.max_consecutive_skips.")
+                f"(last loss={loss}, grad_norm={grad_norm}) at rollout step {rollout_step}{self._because()}. "
+                "Lower optim.lr, check the reward and the data, or raise algorithm.max_consecutive_skips.",
+                clean=self._stepped_at != rollout_step)
         return False
+
+    def check_log_probs(self, finite: bool, *, rollout_step: int) -> None:
+        """Raise :class:`NonFiniteAbort` (``clean``: no optimizer step of this rollout step was taken)
+        when the policy's log-probs of its own samples hold a NaN (``finite`` must already agree over
+        ranks). Its weights are finite (:meth:`check_weights` passed), so its forward overflows: they
+        have diverged, and every later step would be NaN as well."""
+        if finite:
+            return
+        raise NonFiniteAbort(
+            f"the policy's log-probs of its own samples are NaN after {rollout_step} rollout steps although its "
+            f"weights are finite: they have diverged{self._because()}. The run stops before this step's update; "
+            "lower optim.lr (or set optim.grad_clip) and start the run again.", clean=True)
+
+    def _because(self) -> str:
+        return f" (cause: {self.cause})" if self.cause else ""
 
     def check_weights(self, finite: bool, *, rollout_step: int, lr: float, loss: float, grad_norm: float) -> None:
         """Raise :class:`NonFiniteAbort` when an optimizer step left non-finite weights (``finite``
@@ -57,8 +95,8 @@ class NonFiniteGuard:
         self.poisoned = True
         raise NonFiniteAbort(
             f"the optimizer step at rollout step {rollout_step} made the weights non-finite although its loss and "
-            f"gradient were finite (lr={lr:g}, loss={loss}, grad_norm={grad_norm}). The run stops before any "
-            "checkpoint of these weights is saved; lower optim.lr (or set a smaller optim.grad_clip) and "
+            f"gradient were finite (lr={lr:g}, loss={loss}, grad_norm={grad_norm}){self._because()}. The run stops "
+            "before any checkpoint of these weights is saved; lower optim.lr (or set a smaller optim.grad_clip) and "
             "resume from the last checkpoint.")
 
     def check_first_step(self, optimizer, rollout_step: int) -> str | None:
@@ -76,6 +114,8 @@ class NonFiniteGuard:
                f"weights by {update:.3g} (the update's norm at the full learning rate), {update / weights:.3g} x "
                f"their own norm {weights:.3g}: the run diverges or loses what the model knew. Lower optim.lr "
                "(the experiments use 1e-6)")
+        self.cause = (f"optim.lr={lr:g}: the first optimizer step moved the weights by {update / weights:.3g} x their "
+                      "own norm")
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             log.warning(msg)
         return msg

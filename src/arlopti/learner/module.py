@@ -53,7 +53,9 @@ scheduler step), logged as ``update/nonfinite_skips``, and training continues; a
 A step with a finite loss and gradient that still leaves non-finite weights (a huge learning
 rate) aborts the run at once (:class:`NonFiniteAbort` naming the rollout step, lr, loss and
 gradient norm), before any checkpoint can save those weights: every optimizer step is followed
-by one fused finiteness reduction over the parameters (benchmarks/RESULTS.md: its cost).
+by one fused finiteness reduction over the parameters (benchmarks/RESULTS.md: its cost). Finite
+weights whose forward overflows (a NaN in logπ_old) stop the run before the step's update (issue 42,
+:meth:`~arlopti.learner.guard.NonFiniteGuard.check_log_probs`).
 
 Distributed (``trainer=ddp`` or ``trainer=fsdp``): each rank holds whole prompts, so whole
 GRPO groups; DDP and FSDP2 average gradients over ranks, hence the ``/ world`` in the loss
@@ -252,6 +254,9 @@ class GRPOModule(L.LightningModule):
             targets, first_loss = self._reused_targets(exp, old, ref, adv_raw, order[0], micro_plan, metrics, names)
         else:
             targets, first_loss = self._targets(exp, old, ref, adv_raw), None
+        # every row's logπ_old is known (the reused first step's gradients not yet applied): NaN = diverged weights
+        nan = self._all_reduce(float(bool(targets.old[exp.response_mask.bool()].isnan().any())), "max") > 0
+        self.guard.check_log_probs(not nan, rollout_step=self.rollout_step)
         # samples from older weights (placement=server): the staleness bound, checked before any optimizer step;
         # the flip shares over the tokens the loss sees (exp: mask_truncated leaves truncated rows out)
         add_async_metrics(metrics, exp, targets.old, self.rollout_step, self.cfg.rollout.async_.max_staleness,
