@@ -20,7 +20,7 @@ import torch
 
 from arlopti.callbacks.cadence import check_every, due
 from arlopti.eval.runner import KK_MODES, MATH_MODES, EvalMode, evaluate_sets
-from arlopti.tasks.base import Task, get_task
+from arlopti.tasks.base import Task, get_task, trainer_placement
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,13 @@ class BenchmarkEvalCallback(L.Callback):
         self.task_kwargs = dict(task_kwargs or {})  # the run's `tasks` node: reward options per task
         self._tasks: dict[str, Task] = {}
         self._last_step = -1
+        self._placement = None  # (device, precision) for a task's own model (Task.place)
 
     def _task(self, name: str) -> Task:
         if name not in self._tasks:
             self._tasks[name] = get_task(name, **(self.task_kwargs.get(name) or {}))
+            if self._placement is not None:
+                self._tasks[name].place(*self._placement)
         return self._tasks[name]
 
     def _engine(self, trainer, pl_module):
@@ -67,6 +70,7 @@ class BenchmarkEvalCallback(L.Callback):
 
     def run(self, trainer, pl_module) -> dict[str, float]:
         step = int(pl_module.rollout_step)
+        self._placement = trainer_placement(trainer)
         if step == self._last_step:
             return {}
         self._last_step = step

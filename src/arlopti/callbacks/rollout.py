@@ -68,7 +68,7 @@ from arlopti.rollout.factory import build_rollouts
 from arlopti.rollout.server_rollouts import RolloutWorkersLost
 from arlopti.rollout.source import Collected, RolloutSource
 from arlopti.rollout.turns import build_turn_loop, with_env_rewards
-from arlopti.tasks.base import RewardResult, Task, get_task
+from arlopti.tasks.base import RewardResult, Task, get_task, trainer_placement, with_prompt
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,7 @@ class RolloutCallback(L.Callback):
         self.env = env  # the run's task.* environment settings (arlopti.config.schema.EnvConfig), or None
         self.source: RolloutSource | None = None
         self._tasks: dict[str, Task] = {}
+        self.placement = None  # (device, precision) for a task's own model (Task.place), set in setup
 
     @property
     def engine(self):
@@ -146,6 +147,7 @@ class RolloutCallback(L.Callback):
         return None if self.source is None else self.source.engine
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        self.placement = trainer_placement(trainer)
         r = pl_module.cfg.rollout
         if r.placement != "server":
             offload = getattr(getattr(getattr(trainer, "strategy", None), "fsdp_options", None), "cpu_offload", False)
@@ -192,6 +194,8 @@ class RolloutCallback(L.Callback):
     def task(self, name: str) -> Task:
         if name not in self._tasks:
             self._tasks[name] = get_task(name, **(self.task_kwargs.get(name) or {}))
+            if self.placement is not None:
+                self._tasks[name].place(*self.placement)
         return self._tasks[name]
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -249,7 +253,9 @@ class RolloutCallback(L.Callback):
         flat = [e for es in episodes for e in es]
         texts = [e.text for e in flat]
         gts = [gt for gt, es in zip(prompts.ground_truths, episodes) for _ in es]
-        metas = [m for m, es in zip(prompts.metas, episodes) for _ in es]
+        messages = prompts.messages or [None] * len(prompts.metas)  # the prompt in meta: a reward model reads it
+        metas = [with_prompt(m, ms, t) for m, ms, t, es in zip(prompts.metas, messages, prompts.prompt_texts, episodes)
+                 for _ in es]
         names = [t for t, es in zip(prompts.tasks, episodes) for _ in es]
         results: list = [None] * len(texts)
         for name in sorted(set(names)):

@@ -133,6 +133,7 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
     from arlopti.prompts.batch import collate_prompts
     from arlopti.rollout.source import collect_groups
     from arlopti.rollout.turns import with_env_rewards
+    from arlopti.tasks.base import with_prompt
 
     metrics: dict[str, float] = {}
     results: list[SetResult] = []
@@ -157,7 +158,7 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
                                    batch=collate_prompts(mine))  # one generate call unless multi-turn
             texts = [c.text for cs in comps for c in cs]
             gts = [s.ground_truth for s, cs in zip(mine, comps) for _ in cs]
-            metas = [s.meta for s, cs in zip(mine, comps) for _ in cs]
+            metas = [with_prompt(s.meta, s.messages, s.prompt_text) for s, cs in zip(mine, comps) for _ in cs]
             scored = task_for(task_name).score(texts, gts, metas) if texts else []
             scored = with_env_rewards(scored, [c for cs in comps for c in cs])
             correct = torch.tensor([float(r.correct) for r in scored], dtype=torch.float64).view(len(mine), mode.n)

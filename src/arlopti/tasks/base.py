@@ -48,6 +48,31 @@ class Task(ABC):
     def close(self) -> None:
         """Release worker processes, if any."""
 
+    def place(self, device, precision: str) -> None:
+        """Where the run computes (:func:`trainer_placement`): a task that runs a model of its own
+        (``task.reward_model``, :mod:`arlopti.tasks.reward_model`) puts it there; the others ignore it.
+        The callbacks call it once, right after building the task."""
+
+
+def trainer_placement(trainer) -> tuple[Any, str] | None:
+    """``(device, precision)`` for :meth:`Task.place`: the trainer's device (``trainer.strategy.root_device``:
+    this rank's) and its compute precision, Lightning's ``trainer.precision`` or, when the FSDP2 strategy
+    casts the parameters itself (``trainer=fsdp_bf16``, under ``32-true``), ``<mixed_precision>-mixed``.
+    None for a stand-in without a strategy (tests): the task keeps its own defaults."""
+    strategy = getattr(trainer, "strategy", None)
+    if strategy is None:
+        return None
+    mixed = getattr(getattr(strategy, "fsdp_options", None), "mixed_precision", None)
+    return strategy.root_device, f"{mixed}-mixed" if mixed else str(trainer.precision)
+
+
+def with_prompt(meta: Mapping[str, Any] | None, messages: list[dict] | None, text: str) -> dict:
+    """The ``meta`` a task scores a response with: the record's meta plus ``prompt``, the prompt's chat
+    messages (or its text, for a raw-text record), as a multi-turn environment's row has it
+    (:func:`arlopti.rollout.turns.episode_prompts`); ``prompt`` wins over a column of that name.
+    A reward model or a judge (:mod:`arlopti.tasks.reward_model`, :mod:`arlopti.tasks.judge`) reads it."""
+    return {**dict(meta or {}), "prompt": [dict(m) for m in messages] if messages is not None else text}
+
 
 _TASKS: dict[str, Callable[..., Task]] = {}
 

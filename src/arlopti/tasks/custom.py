@@ -10,7 +10,8 @@ The function (``task.reward_fn``, ``my_pkg.rewards:score`` or ``path/to/rewards.
 
 ``response`` is the decoded completion (no prompt), ``ground_truth`` the record's answer column
 as read (``None`` without one), ``meta`` the record's other columns plus ``dataset``, ``split``
-and ``index`` (:mod:`arlopti.data.generic_datamodule`). With ``task.batch=true`` it takes lists
+and ``index`` (:mod:`arlopti.data.generic_datamodule`) and ``prompt``, the record's chat messages or its
+raw text (:func:`arlopti.tasks.base.with_prompt`; the rollout and validation add it). With ``task.batch=true`` it takes lists
 instead, ``score(responses, ground_truths, metas) -> list[float | dict]``, one entry per response.
 
 What it returns:
@@ -31,6 +32,23 @@ the functions returned, or ``total > task.correct_above`` when none did. The bui
 functions of :mod:`arlopti.tasks.builtin_rewards`. A ``callable:<key>`` spec is a Python callable
 given to ``arlopti.run`` (:mod:`arlopti.tasks.in_process`: the pool when importable by name, else
 in-process with the same accounting).
+
+A learned reward model (``task.reward_model=<folder or hub name>``, :mod:`arlopti.tasks.reward_model`) is
+one more entry of that list, the last one, scored in the trainer's process on the trainer's device (or
+``task.reward_model_device``) from each response's prompt (``meta["prompt"]``) and text; its weight is the
+last of ``task.reward_weights`` and its component ``reward_model``. Without ``task.reward_fn`` /
+``task.reward_fns`` it is the reward. A forward that raises fails the batch's responses (counted, the stop
+rule below), a non-finite score the response.
+
+TRL's convention: a function whose first two parameters are named ``prompts`` and ``completions``
+(:func:`arlopti.tasks.user_code.trl_convention`; e.g. the judge of :mod:`arlopti.tasks.judge`) is called as
+TRL calls its ``reward_funcs``, ``f(prompts=[...], completions=[...], ground_truth=[...], **columns)``, one
+list entry per response of its chunk (chunks as with ``task.batch=true``, whatever ``task.batch`` says):
+``prompts`` are the records' prompts (chat messages, or the text of a raw-text record), ``completions``
+the decoded responses, and each of the records' meta keys is a column (a list, None where a record lacks
+it). It returns ``list[float | dict | None]``; None is TRL's "does not apply": the response adds 0 for
+that function, without an error (counted in :attr:`CustomTask.stats` as ``none:<name>``, one warning per
+batch).
 
 Isolation (the math grader's killable pool, :class:`arlopti.tasks.math.pool.WorkerPool`): every
 call runs in a worker process with a hard per-call timeout, ``task.timeout_s`` per response (a
@@ -68,7 +86,7 @@ from typing import Any, Callable, Sequence
 
 from arlopti.config import ConfigError
 from arlopti.tasks.base import RewardResult, Task, register_task
-from arlopti.tasks.user_code import BAD_TYPE, UserCodeError, load_function, resolve_spec
+from arlopti.tasks.user_code import BAD_TYPE, UserCodeError, load_function, resolve_spec, trl_call, trl_convention
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +150,9 @@ class RewardFailureError(RuntimeError):
 class RewardFunction:
     """One reward function of the task: its component ``name`` (``reward/<name>`` with several),
     the ``spec`` shown in messages, its ``weight``, its worker-function ``key`` and, for a callable
-    that cannot go to a worker, the callable itself (``in_process``)."""
+    that cannot go to a worker, the callable itself (``in_process``); ``trl``: it follows TRL's
+    convention (module docstring); ``model``: the entry is ``task.reward_model``
+    (:class:`arlopti.tasks.reward_model.RewardModel`), scored in this process."""
 
     name: str
     spec: str
@@ -140,20 +160,22 @@ class RewardFunction:
     key: str
     in_process: Callable | None = None
     valid_seen: bool = False
+    trl: bool = False
+    model: Any = None
 
 
-def _spec_list(reward_fn, reward_fns) -> list[str]:
+def _spec_list(reward_fn, reward_fns, reward_model=None) -> list[str]:
     if reward_fn and reward_fns:
         raise ConfigError(f"task.reward_fn={reward_fn} and task.reward_fns={list(reward_fns)}: give one of them "
                           "(reward_fns for several)")
     if reward_fns is not None and (isinstance(reward_fns, str) or not isinstance(reward_fns, SequenceABC)):
         raise ConfigError(f"task.reward_fns={reward_fns!r}: expected a list, e.g. [mod:fn_a,rewards.py:fn_b]")
     specs = [reward_fn] if reward_fn else list(reward_fns or [])
-    if not specs:
+    if not specs and not reward_model:
         raise ConfigError("task.reward_fn is not set: the custom task needs a reward function, "
                           "task.reward_fn=my_pkg.rewards:score or task.reward_fn=path/to/rewards.py:score "
                           "(docs/custom_task.md), or several as task.reward_fns=[...]; with data=prompts, pass "
-                          "task=custom task.reward_fn=...")
+                          "task=custom task.reward_fn=...; or a reward model, task.reward_model=<folder>")
     return [str(s) for s in specs]
 
 
@@ -166,7 +188,8 @@ def _weight_list(reward_weights, n: int) -> list[float]:
     weights = list(reward_weights)
     if len(weights) != n or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
                                     and math.isfinite(w) for w in weights):
-        raise ConfigError(f"task.reward_weights={weights}: expected {n} finite number(s), one per reward function")
+        raise ConfigError(f"task.reward_weights={weights}: expected {n} finite number(s), one per reward function "
+                          "(and the last for task.reward_model when it is set)")
     return [float(w) for w in weights]
 
 
@@ -192,13 +215,33 @@ def _build_functions(specs: list[str], weights: list[float]) -> list[RewardFunct
             spec, in_process = placement(raw)
             if in_process is None:
                 spec = resolve_spec(spec)
-                load_function(spec)  # the import check (module top-level code runs here once)
+                function = load_function(spec)  # the import check (module top-level code runs here once)
+            else:
+                function = in_process
         except (UserCodeError, KeyError) as err:
             raise ConfigError(f"{key}: {err.args[0] if isinstance(err, KeyError) else err}") from None
         name = _component_name(spec.split(" ")[0], in_process, taken)
         functions.append(RewardFunction(name=name, spec=spec, weight=weight, key=f"{_FUNCTION}.{j}",
-                                        in_process=in_process))
+                                        in_process=in_process, trl=trl_convention(function)))
     return functions
+
+
+def _model_entry(reward_model, device, dtype, batch_size, weight: float, taken: set[str]) -> RewardFunction:
+    """``task.reward_model`` as the reward list's last entry (checked now, loaded at its first batch)."""
+    from arlopti.tasks.reward_model import RewardModel
+
+    model = RewardModel(str(reward_model), device=device, dtype=dtype, batch_size=batch_size)
+    name = _component_name("reward_model", None, taken)
+    return RewardFunction(name=name, spec=f"task.reward_model={reward_model}", weight=weight, key="reward_model",
+                          model=model)
+
+
+def _trl_arguments(responses, ground_truths, metas) -> tuple:
+    """TRL's arguments for responses: ``(prompts, completions, columns)``, the columns being ``ground_truth``
+    and every meta key but ``prompt`` (None where a record lacks it)."""
+    keys = sorted({k for m in metas for k in m if k != "prompt"} - {"ground_truth"})
+    columns = {"ground_truth": list(ground_truths), **{k: [m.get(k) for m in metas] for k in keys}}
+    return [m.get("prompt") for m in metas], list(responses), columns
 
 
 def _check_options(batch, timeout_s, batch_budget_s, num_workers, max_error_frac, error_window) -> None:
@@ -244,11 +287,16 @@ class CustomTask(Task):
                  memory_limit_mb: int | None = None, correct_above: float = 0.0,
                  max_tasks_per_worker: int = 1000, reward_fns: Sequence[str] | None = None,
                  reward_weights: Sequence[float] | None = None, max_error_frac: float | None = 0.5,
-                 error_window: int = 5):
-        specs = _spec_list(reward_fn, reward_fns)
-        weights = _weight_list(reward_weights, len(specs))
+                 error_window: int = 5, reward_model: str | None = None, reward_model_device: str | None = None,
+                 reward_model_dtype: str | None = None, reward_model_batch_size: int = 16):
+        specs = _spec_list(reward_fn, reward_fns, reward_model)
+        weights = _weight_list(reward_weights, len(specs) + bool(reward_model))
         _check_options(batch, timeout_s, batch_budget_s, num_workers, max_error_frac, error_window)
-        self.functions = _build_functions(specs, weights)
+        self.functions = _build_functions(specs, weights[:len(specs)])
+        if reward_model:
+            taken = {f.name for f in self.functions}
+            self.functions.append(_model_entry(reward_model, reward_model_device, reward_model_dtype,
+                                               reward_model_batch_size, weights[-1], taken))
         self.spec = self.functions[0].spec if len(self.functions) == 1 else ", ".join(f.spec for f in self.functions)
         self.reward_fn = str(reward_fn) if reward_fn else None
         self.batch = batch
@@ -258,7 +306,7 @@ class CustomTask(Task):
         self.correct_above = float(correct_above)
         self.max_error_frac = None if max_error_frac is None else float(max_error_frac)
         self.error_window = error_window
-        pooled = {f.key: f.spec for f in self.functions if f.in_process is None}
+        pooled = {f.key: f.spec for f in self.functions if f.in_process is None and f.model is None}
         self._pool_kwargs = dict(memory_limit_mb=memory_limit_mb or 0, max_tasks_per_worker=max_tasks_per_worker,
                                  preload_symbolic=False, user_functions=pooled,
                                  user_sys_path=_worker_sys_path(), user_batch=batch)
@@ -268,6 +316,12 @@ class CustomTask(Task):
         #: with several functions also ``error:<name>`` / ``timeout:<name>``.
         self.stats: Counter = Counter()
 
+    def place(self, device, precision: str) -> None:
+        """The trainer's device and precision: where ``task.reward_model`` runs unless its keys say otherwise."""
+        for f in self.functions:
+            if f.model is not None:
+                f.model.place(device, precision)
+
     # ---- workers ------------------------------------------------------------------------------
     def _ensure_pool(self):
         from arlopti.tasks.math.pool import WorkerPool
@@ -276,17 +330,23 @@ class CustomTask(Task):
             self._pool = WorkerPool(self.num_workers, **self._pool_kwargs)
         return self._pool
 
-    def _calls(self, key: str, responses, ground_truths, metas) -> tuple[list[tuple], list[list[int]], list[float]]:
-        """Calls of the function ``key``, the response indices each covers, and each call's timeout."""
-        n = len(responses)
-        if not self.batch:
+    def _calls(self, f: RewardFunction, responses, ground_truths, metas
+               ) -> tuple[list[tuple], list[list[int]], list[float]]:
+        """Calls of the function ``f``, the response indices each covers, and each call's timeout."""
+        n, key = len(responses), f.key
+        if f.model is not None:
+            return [], [], []
+        if not (self.batch or f.trl):
             return ([(key, (responses[i], ground_truths[i], metas[i])) for i in range(n)],
                     [[i] for i in range(n)], [self.timeout_s] * n)
         chunks = min(self.num_workers, n)
         bounds = [round(k * n / chunks) for k in range(chunks + 1)]
         groups = [list(range(bounds[k], bounds[k + 1])) for k in range(chunks)]
-        calls = [(key, ([responses[i] for i in g], [ground_truths[i] for i in g], [metas[i] for i in g]))
-                 for g in groups]
+        pick = (lambda xs, g: [xs[i] for i in g])
+        if f.trl:
+            calls = [(key, _trl_arguments(pick(responses, g), pick(ground_truths, g), pick(metas, g))) for g in groups]
+        else:
+            calls = [(key, (pick(responses, g), pick(ground_truths, g), pick(metas, g))) for g in groups]
         return calls, groups, [self.timeout_s * len(g) for g in groups]
 
     def _run(self, calls, timeouts):
@@ -295,7 +355,7 @@ class CustomTask(Task):
         from arlopti.tasks.in_process import InProcessRunner
         from arlopti.tasks.math.pool import WorkerLoadError
 
-        local = {f.key: f.in_process for f in self.functions if f.in_process is not None}
+        local = {f.key: f for f in self.functions if f.in_process is not None}
         # batch chunks of unequal length: the longest chunk's timeout for all (they differ by one response)
         timeout = max(timeouts) if timeouts else self.timeout_s
         outcomes: list = [None] * len(calls)
@@ -308,9 +368,14 @@ class CustomTask(Task):
             for i, o in zip(pooled, got):
                 outcomes[i] = o
         in_proc = [i for i in range(len(calls)) if i not in set(pooled)]
-        if in_proc:
-            got = InProcessRunner(local, self.batch).run([calls[i] for i in in_proc], timeout, self.batch_budget_s)
-            for i, o in zip(in_proc, got):
+        for trl in (False, True):  # a TRL-convention callable is called with keywords and returns a list
+            idx = [i for i in in_proc if local[calls[i][0]].trl == trl]
+            if not idx:
+                continue
+            functions = {k: trl_call(f.in_process) if trl else f.in_process for k, f in local.items() if f.trl == trl}
+            got = InProcessRunner(functions, self.batch or trl).run([calls[i] for i in idx], timeout,
+                                                                   self.batch_budget_s)
+            for i, o in zip(idx, got):
                 outcomes[i] = o
         return outcomes
 
@@ -322,7 +387,7 @@ class CustomTask(Task):
                           + ("(a list of those with task.batch=true)" if self.batch else
                              "(set task.batch=true if it takes lists)"))
 
-    def _collect(self, groups, outcomes, n: int):
+    def _collect(self, f: RewardFunction, groups, outcomes, n: int):
         """One function's raw values per response, its failures ("", "error", "timeout"), its first
         error text and the wrong types it returned."""
         values: list[Any] = [None] * n
@@ -336,7 +401,7 @@ class CustomTask(Task):
                     failure[i] = "timeout" if outcome.status == "timeout" else "error"
                 continue
             got = outcome.value
-            if self.batch:
+            if self.batch or f.trl:
                 bad = (f"{got[1] if isinstance(got, tuple) else type(got).__name__} instead of a list"
                        if isinstance(got, tuple) or not isinstance(got, list) else
                        f"list of {len(got)} values for {len(idx)} responses" if len(got) != len(idx) else "")
@@ -355,8 +420,12 @@ class CustomTask(Task):
         """Parsed :class:`RewardResult` (None where failed) and whether each set ``correct`` itself."""
         results: list[RewardResult | None] = [None] * len(values)
         explicit = [False] * len(values)
+        nones = 0
         for i, v in enumerate(values):
             if failure[i]:
+                continue
+            if function.trl and isinstance(v, tuple) and v[:2] == (BAD_TYPE, "NoneType"):
+                nones += 1  # TRL's "does not apply": 0 in the sum, not an error
                 continue
             try:
                 results[i] = parse_value(v, self.correct_above)
@@ -370,7 +439,23 @@ class CustomTask(Task):
                 failure[i] = "error"
         if bad_types and not function.valid_seen:
             self._bad_type(function, bad_types[0])
+        if nones:
+            self.stats[f"none:{function.name}"] += nones
+            log.warning("custom reward %s returned None (TRL's 'does not apply') for %d of %d responses: they add 0 "
+                        "for it", function.spec, nones, len(values))
         return results, explicit, first_error
+
+    def _score_model(self, function: RewardFunction, responses, metas):
+        """``_collect``'s tuple for ``task.reward_model``: its scores, or every response failed with the
+        forward's traceback."""
+        import traceback
+
+        n = len(responses)
+        try:
+            values = function.model.score([m.get("prompt") for m in metas], list(responses))
+            return values, [""] * n, "", []
+        except Exception as err:  # noqa: BLE001 - out of memory, a missing prompt ...: counted, the stop rule
+            return [None] * n, ["error"] * n, "".join(traceback.format_exception(err))[-4000:], []
 
     def score(self, responses: Sequence[str], ground_truths: Sequence[Any],
               metas: Sequence[dict]) -> list[RewardResult]:
@@ -382,12 +467,15 @@ class CustomTask(Task):
         metas = [dict(m or {}) for m in metas]
         calls, groups, timeouts = [], [], []
         for f in self.functions:
-            c, g, t = self._calls(f.key, list(responses), list(ground_truths), metas)
+            c, g, t = self._calls(f, list(responses), list(ground_truths), metas)
             calls.append(c), groups.append(g), timeouts.append(t)
-        outcomes = self._run([c for cs in calls for c in cs], [t for ts in timeouts for t in ts])
+        outcomes = self._run([c for cs in calls for c in cs], [t for ts in timeouts for t in ts]) if any(calls) else []
         per_function, start = [], 0
         for f, c, g in zip(self.functions, calls, groups):
-            values, failure, first_error, bad_types = self._collect(g, outcomes[start:start + len(c)], n)
+            if f.model is not None:
+                values, failure, first_error, bad_types = self._score_model(f, responses, metas)
+            else:
+                values, failure, first_error, bad_types = self._collect(f, g, outcomes[start:start + len(c)], n)
             start += len(c)
             results, explicit, first_error = self._parse(f, values, failure, first_error, bad_types)
             per_function.append((f, results, explicit, failure, first_error, bad_types))

@@ -20,6 +20,10 @@ the trainer: a real number -> ``float``, a bool stays a bool (a scalar with ``.i
 ``numpy.bool_`` or a one-element tensor, counts as its item), a mapping -> a dict of those, a
 list/tuple (batch functions) -> a list of those; anything else becomes the marker
 ``(BAD_TYPE, type name, short repr)`` so that the trainer can name the type.
+
+TRL's convention (:func:`trl_convention`): a function whose first two parameters are named ``prompts`` and
+``completions`` is TRL's ``reward_func(prompts, completions, **columns) -> list[float | None]``; the worker
+calls it with lists through :func:`trl_call` (positional arguments over the pipe, keywords to the function).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import numbers
 import os
 import sys
@@ -137,3 +142,22 @@ def plain(value: Any, batch: bool = False) -> Any:
         except Exception:  # noqa: BLE001 - an odd mapping
             return (BAD_TYPE, type(value).__name__, "")
     return _scalar(value)
+
+
+def trl_convention(function: Callable[..., Any]) -> bool:
+    """Whether ``function`` follows TRL's reward-function convention: its first two parameters are named
+    ``prompts`` and ``completions`` (``f(prompts, completions, **columns) -> list[float | None]``)."""
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: not TRL's
+        return False
+    return [p.name for p in params[:2]] == ["prompts", "completions"]
+
+
+def trl_call(function: Callable[..., Any]) -> Callable[[list, list, dict], Any]:
+    """``call(prompts, completions, columns)`` = ``function(prompts=prompts, completions=completions, **columns)``:
+    a TRL-convention function called with positional arguments (what the worker pool sends)."""
+    def call(prompts: list, completions: list, columns: dict) -> Any:
+        return function(prompts=prompts, completions=completions, **columns)
+
+    return call

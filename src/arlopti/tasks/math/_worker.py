@@ -11,7 +11,7 @@ before it reports ready: ``symbolic`` (``symbolic.py``: math-verify, sympy; func
 
 An optional fifth argument, JSON ``{"functions": {name: spec}, "sys_path": [...], "batch": bool}``,
 names user functions (``task=custom``'s reward, :mod:`arlopti.tasks.custom`; ``batch``: they return
-lists): ``sys_path`` entries go first
+lists, as a TRL-convention function always does, called through ``user_code.trl_call``): ``sys_path`` entries go first
 on ``sys.path``, then each spec is loaded with ``load_function`` of ``tasks/user_code.py`` (loaded
 by path, like the grader modules). A spec that fails to load makes the worker send
 ``("load_error", text)`` and exit instead of reporting ready. A user function's reply is
@@ -151,7 +151,10 @@ def main(argv: list[str]) -> int:
         user_code = _load_user_code()
         try:
             for name, spec in user["functions"].items():
-                functions[name] = _user_call(user_code, user_code.load_function(spec), bool(user.get("batch")))
+                function = user_code.load_function(spec)
+                trl = user_code.trl_convention(function)  # TRL's (prompts, completions, **columns): lists
+                functions[name] = _user_call(user_code, user_code.trl_call(function) if trl else function,
+                                             trl or bool(user.get("batch")))
                 user_names.add(name)
         except BaseException as err:  # noqa: BLE001 - the load error goes to the trainer, then exit
             outbox.send(("load_error", str(err) if isinstance(err, user_code.UserCodeError)
