@@ -3,6 +3,7 @@ estimate from the model shapes, term by term, each with its source (no GPU neede
 tables in docs/scaling.md.
 
     python benchmarks/memory_plan.py [--micro 8] [--tokens 4496] [--gpu-total-gb 85.52]
+    python benchmarks/memory_plan.py --reward-model 7b [--reward-batch 16]   # with a task.reward_model
 
 Setting: ``trainer=fsdp_bf16`` (FSDP2 over N GPUs, bf16 compute, fp32 master weights, gradient
 reductions and AdamW state, gradient checkpointing), the frozen reference in bf16, a colocated
@@ -19,6 +20,11 @@ The three moments a GPU's memory peaks:
 * **rollout**: the trainer state without gradients + vLLM's reservation,
   ``gpu_memory_utilization`` × the card's *total* memory (vLLM ``v1/worker/utils.py``
   ``request_memory``), which on an "80 GB" card is 85.5 GB, not 80.
+
+A learned reward model (``task.reward_model``, ``arlopti/tasks/reward_model.py``; ``--reward-model``, its
+shape one of :data:`MODELS`) adds to every peak its bf16 weights, whole on every rank (loaded once, kept),
+and to the rollout peak its forward: the rollout callback scores before vLLM goes back to sleep, so the
+forward's transients (:func:`reward_terms`) sit on top of vLLM's reservation.
 
 A setting fits when the highest of the three leaves at least ``MARGIN_GB`` free for allocator
 fragmentation (the CUDA context and NCCL buffers are counted as their own term). An estimate to
@@ -125,31 +131,53 @@ def terms(m: Shape, gpus: int, micro: int, tokens: int, bucket_mb: int = 256) ->
     }
 
 
-def plan(m: Shape, gpus: int, util: float, micro: int, tokens: int, total_gb: float = GPU_TOTAL_GB) -> dict:
+def reward_terms(rm: Shape, batch: int, tokens: int) -> dict[str, float]:
+    """A sequence-classification reward model's terms in bytes per GPU (bf16, ``task.reward_model_batch_size``
+    sequences of ``tokens`` per forward, under ``torch.inference_mode``). Its parameters are the causal LM's
+    but the LM head: the score head is one row (h), so an untied model sheds V·h."""
+    params = rm.layers * rm.layer_params + rm.vocab * rm.hidden + 2 * rm.hidden  # layers, embedding, norm, score
+    return {
+        "reward model weights bf16 (2·P_rm; task.reward_model, whole on every rank)": 2 * params,
+        # inference_mode frees each layer's activations after it: one layer's live at a time, at most what
+        # autograd keeps for a checkpointed layer's recompute (recompute_bytes_per_token)
+        "reward model forward: one layer's activations bf16 (batch·T·(20h + 4·kv·hd + 8i))":
+            batch * tokens * recompute_bytes_per_token(rm),
+        "reward model forward: the padded batch's 4-D attention mask bf16 (batch·T²·2)": batch * tokens * tokens * 2,
+    }
+
+
+def plan(m: Shape, gpus: int, util: float, micro: int, tokens: int, total_gb: float = GPU_TOTAL_GB,
+         reward_model: Shape | None = None, reward_batch: int = 16) -> dict:
     """The three peaks (GB), the largest ``gpu_memory_utilization`` that keeps ``MARGIN_GB`` free,
-    and whether ``util`` fits."""
+    and whether ``util`` fits; ``reward_model``: a ``task.reward_model`` of that shape (module docstring)."""
     t = {k: v / GB for k, v in terms(m, gpus, micro, tokens).items()}
     v = list(t.values())
     master, adam, grads, ref = v[0:4]
     update_transient = sum(v[4:11])
     vllm_weights, sync, context = v[11:14]
-    no_grads = master + adam + ref
+    rm_weights = rm_forward = 0.0
+    if reward_model is not None:
+        rm = {k: x / GB for k, x in reward_terms(reward_model, reward_batch, tokens).items()}
+        t.update(rm)
+        rm_weights, rm_forward = list(rm.values())[0], sum(list(rm.values())[1:])
+    no_grads = master + adam + ref + rm_weights
     peaks = {"update": no_grads + grads + update_transient + context,
              "sync": no_grads + vllm_weights + sync + context,
-             "rollout": no_grads + util * total_gb + context}
+             "rollout": no_grads + util * total_gb + context + rm_forward}
     worst = max(peaks.values())
-    max_util = (total_gb - MARGIN_GB - no_grads - context) / total_gb
+    max_util = (total_gb - MARGIN_GB - no_grads - context - rm_forward) / total_gb
     return {"params_b": m.params / 1e9, "terms": t, "resident": no_grads + grads, "no_grads": no_grads, **peaks,
             "margin": total_gb - worst, "max_util": max_util, "fits": total_gb - worst >= MARGIN_GB}
 
 
-def table(util: float, micro: int, tokens: int, total_gb: float = GPU_TOTAL_GB) -> str:
+def table(util: float, micro: int, tokens: int, total_gb: float = GPU_TOTAL_GB, reward_model: Shape | None = None,
+          reward_batch: int = 16) -> str:
     rows = [f"| model (params) | GPUs | trainer state / GPU (w/o grads) | update peak | sync peak "
             f"| rollout peak (util {util}) | free at the peak | largest util (≥ {MARGIN_GB:g} GB free) | fits |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for m in MODELS.values():
         for n in (1, 4, 8):
-            r = plan(m, n, util, micro, tokens, total_gb)
+            r = plan(m, n, util, micro, tokens, total_gb, reward_model, reward_batch)
             best = f"{r['max_util']:.2f}" if r["max_util"] > 0 else "none"
             rows.append(f"| {m.name} ({r['params_b']:.2f} B) | {n} | {r['resident']:.1f} ({r['no_grads']:.1f}) GB "
                         f"| {r['update']:.1f} GB | {r['sync']:.1f} GB | {r['rollout']:.1f} GB | {r['margin']:.1f} GB "
@@ -227,7 +255,17 @@ def main(argv=None) -> None:
     ap.add_argument("--tokens", type=int, default=4496, help="prompt + response tokens per response (400 + 4096)")
     ap.add_argument("--gpu-total-gb", type=float, default=GPU_TOTAL_GB, help="the card's total memory in GB")
     ap.add_argument("--util", type=float, default=0.45, help="gpu_memory_utilization for the first table")
+    ap.add_argument("--reward-model", choices=sorted(MODELS), default=None,
+                    help="also plan with a task.reward_model of this shape (bf16, on every rank)")
+    ap.add_argument("--reward-batch", type=int, default=16, help="task.reward_model_batch_size")
     a = ap.parse_args(argv)
+    if a.reward_model:
+        rm = MODELS[a.reward_model]
+        print(f"With task.reward_model = a {rm.name}-shaped reward model, batch {a.reward_batch}:\n")
+        print(table(a.util, a.micro, a.tokens, a.gpu_total_gb, rm, a.reward_batch))
+        print()
+        print("\n".join(f"| {k} | {v / GB:.2f} |" for k, v in reward_terms(rm, a.reward_batch, a.tokens).items()))
+        return
     print(f"GPU total {a.gpu_total_gb:.2f} GB; fits = at least {MARGIN_GB:g} GB free at the highest peak\n")
     print(table(a.util, a.micro, a.tokens, a.gpu_total_gb))
     print()

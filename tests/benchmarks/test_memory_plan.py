@@ -68,3 +68,19 @@ def test_docs_scaling_shows_the_tables_the_plan_prints():
     docs = (PATH.parents[1] / "docs" / "scaling.md").read_text()
     for table in (mp.table(0.45, 8, 4496), mp.terms_table(mp.MODELS["7b"], 4, 8, 4496), mp.experiments_table(8, 4496)):
         assert table in docs, "docs/scaling.md is stale: paste the output of python benchmarks/memory_plan.py"
+
+
+def test_a_reward_model_counts_on_every_peak_and_its_forward_on_the_rollouts():
+    """task.reward_model (issue 45): its bf16 weights stay on every rank, its forward runs before vLLM sleeps."""
+    m, rm = mp.MODELS["7b"], mp.MODELS["3b"]
+    base, with_rm = mp.plan(m, 4, 0.45, 8, 4496), mp.plan(m, 4, 0.45, 8, 4496, reward_model=rm, reward_batch=4)
+    t = mp.reward_terms(rm, 4, 4496)
+    weights = t["reward model weights bf16 (2·P_rm; task.reward_model, whole on every rank)"]
+    assert weights == 2 * (rm.layers * rm.layer_params + 151936 * 2048 + 2 * 2048)  # no LM head: a score row
+    forward = sum(t.values()) - weights
+    assert forward == 4 * 4496 * mp.recompute_bytes_per_token(rm) + 4 * 4496 ** 2 * 2
+    for peak in ("update", "sync"):
+        assert with_rm[peak] == pytest.approx(base[peak] + weights / GB)
+    assert with_rm["rollout"] == pytest.approx(base["rollout"] + (weights + forward) / GB)
+    assert with_rm["max_util"] < base["max_util"]
+    assert mp.plan(m, 4, 0.45, 8, 4496, reward_model=None) == base  # without one: the tables of docs/scaling.md
