@@ -19,7 +19,8 @@ One run measures, in this order:
    next. Decoders (``--decoders``): ``before`` (the engine before issue 36: the loop over the
    model's forward and ``DynamicCache``, the noise hashed for every entry), ``forward`` (the same
    loop with today's sampler, ``rollout.hf_decoder=forward``), ``loop`` (``arlopti.rollout.kv_decode``
-   and today's sampler: the engine's default),
+   on oneDNN-packed weights and today's sampler: the engine's default since issue 43), ``loop_unpacked``
+   (the same step on the modules' own ``F.linear``, ``rollout.hf_packed=false``: the default before),
    ``loop_bf16`` (``loop`` under bf16 autocast, as under a bf16 trainer; at ``--bf16-batches`` only);
    a suffix ``@n`` runs a decoder with ``n`` torch threads (``loop@1``: the thread count's effect).
    Per round each decoder decodes once, in an order that rotates every round (``--rounds`` ≥ 5);
@@ -67,7 +68,7 @@ def parse_args(argv=None):
     ap.add_argument("--batches", default="8,16,32,64")
     ap.add_argument("--steps", type=int, default=32, help="new tokens per decode (steps timed: steps - 1)")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--decoders", default="before,forward,loop,loop@1,loop_bf16")
+    ap.add_argument("--decoders", default="before,forward,loop_unpacked,loop,loop@1,loop_bf16")
     ap.add_argument("--bf16-batches", default="8", help="batches at which loop_bf16 runs (slow without native bf16)")
     ap.add_argument("--vllm", default=None, help="vLLM dtypes to compare against, or none (default fp32,bf16; "
                                                  "none with --tiny)")
@@ -213,8 +214,15 @@ def decode_once(model, tok, prompts, decoder: str, steps: int, seed: int = 0, ke
     sampling = SamplingConfig(temperature=TEMPERATURE, max_new_tokens=steps, logprobs=True)
     sampler = hf._GumbelSampler([sample_seed(seed, r, 0) for r in range(len(prompts))], sampling, "cpu")
     name, _, threads = decoder.partition("@")
-    kind = {"before": "forward"}.get(name, name.removesuffix("_bf16"))
-    stepper = TimedStepper(hf.stepper_for(model, ids.shape[1] + steps, kind), after_prefill)
+    kind = {"before": "forward", "loop_unpacked": "loop"}.get(name, name.removesuffix("_bf16"))
+    packed = None
+    if name == "loop":  # the engine's default: the projections on oneDNN-packed weights
+        from arlopti.rollout.kv_decode import projection_groups
+        from arlopti.rollout.packed_linear import PackedLinears
+
+        packed = PackedLinears()
+        packed.refresh(projection_groups(model), len(prompts))
+    stepper = TimedStepper(hf.stepper_for(model, ids.shape[1] + steps, kind, packed), after_prefill)
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=name.endswith("_bf16"))
     with amp, (dense_noise() if name == "before" else contextlib.nullcontext()), torch_threads(threads):
         new = hf.decode(model, ids, mask, sampler, steps, [tok.eos_token_id], tok.pad_token_id,
@@ -306,7 +314,7 @@ def profile_steps(model, tok, args) -> dict:
     out = {}
     for batch in args.batches:
         prompts = prompt_ids(tok, batch)
-        for d in [d for d in args.decoders if d in ("before", "loop")]:
+        for d in [d for d in args.decoders if d in ("before", "loop_unpacked", "loop")]:
             prof = profile(activities=[ProfilerActivity.CPU])
             decode_once(model, tok, prompts, d, args.profile_steps + 1, after_prefill=prof.start)
             prof.stop()

@@ -32,14 +32,14 @@ def test_the_tiny_run_reports_every_field(monkeypatch, tmp_path):
     assert saved["limits"]["read_bytes_per_s"] > 0 and set(saved["limits"]["gemm_flops"]) == {"fp32", "bf16"}
     assert saved["weights"] > 0 and saved["weight_bytes"] == 4 * saved["weights"]  # fp32
     rows = saved["decode_steps"]
-    assert [r["decoder"] for r in rows] == ["before", "forward", "loop", "loop@1", "loop_bf16"]
+    assert [r["decoder"] for r in rows] == ["before", "forward", "loop_unpacked", "loop", "loop@1", "loop_bf16"]
     for r in rows:
         assert r["batch"] == 2 and r["n"] == 1 and r["bound"] in ("bandwidth", "gemm")
         assert r["ms_per_step"] > 0 and r["tok_per_s"] > 0 and r["of_limit"] > 0 and r["cpu_per_wall"] > 0
         assert r["limit_ms"] == pytest.approx(r["of_limit"] * r["ms_per_step"], rel=1e-9)
     assert [(s["batch"], s["vocab"]) for s in saved["sampler"]] == [(2, 49152), (2, 151936)]
     assert saved["sampler"][0]["of_loop_step"] > 0 and saved["vllm"] == []
-    assert set(saved["profiles"]) == {"B=2 before", "B=2 loop"}
+    assert set(saved["profiles"]) == {"B=2 before", "B=2 loop_unpacked", "B=2 loop"}
     assert all(p["ops_per_layer"] > 0 and p["self_cpu_ms_per_step"] > 0 for p in saved["profiles"].values())
 
 

@@ -474,6 +474,10 @@ class RolloutConfig:
     generation_batch_size: int = setting(64, "responses per HF generate call", range="[1, inf)")
     hf_decoder: str = setting("loop", "HF engine: how it decodes (the same tokens either way)",
                               choices=_choices_from("arlopti.rollout.hf", "DECODERS"))
+    hf_packed: bool = setting(True, "HF engine, loop decoder, fp32 on CPU: the decoding step's projections run on "
+                                    "oneDNN-packed copies of the weights (2-4x the weight read rate of F.linear), "
+                                    "re-packed after each update; log-probs within float32 rounding of the "
+                                    "trainer's (arlopti/rollout/packed_linear.py)")
     gpu_memory_utilization: float = setting(0.3, "vLLM, CUDA: share of GPU memory for weights + KV cache",
                                             range="(0, 1]")
     enable_sleep: bool = setting(False, "vLLM, CUDA: release memory between rollouts (logged no-op without it)")

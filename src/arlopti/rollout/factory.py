@@ -40,8 +40,7 @@ def build_engine(cfg: RolloutConfig, policy, tokenizer, *, autocast_dtype: torch
     if cfg.backend == "hf":
         from arlopti.rollout.hf import HFEngine
 
-        return HFEngine(policy, tokenizer, cfg.generation_batch_size, autocast_dtype=autocast_dtype,
-                        decoder=cfg.hf_decoder)
+        return HFEngine.from_config(cfg, policy, tokenizer, autocast_dtype=autocast_dtype)
     if cfg.backend == "vllm":
         from arlopti.rollout.vllm import VLLMEngine
 

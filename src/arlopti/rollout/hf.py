@@ -14,7 +14,9 @@ The arg-max of Gumbel-perturbed logits is an exact sample from the softmax (the 
 trick), so this *is* temperature sampling; the sampler also records the processed
 (tempered, filtered) log-prob of each sampled token, vLLM's ``processed_logprobs`` mode.
 
-The engine shares the policy module itself, so a weight "sync" only records the version.
+The engine shares the policy module itself, so a weight "sync" only records the version and, on
+the CPU in fp32, re-packs the decoding step's weights that the update changed for oneDNN's kernel
+(``rollout.hf_packed``, :mod:`arlopti.rollout.packed_linear`; its seconds are the sync's).
 Under FSDP2 every sharded module is unsharded for the duration of a ``generate`` call
 (:func:`arlopti.utils.fsdp_unshard.unsharded_for_generate`): entering and leaving are collective,
 so every rank calls ``generate``, also with no prompts, and decoding itself runs no collective.
@@ -30,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from arlopti.rollout.engine import Completion, RolloutEngine, SamplingConfig
-from arlopti.rollout.kv_decode import KVDecoder, unsupported_reason
+from arlopti.rollout.kv_decode import KVDecoder, projection_groups, unsupported_reason
+from arlopti.rollout.packed_linear import PackedLinears
 from arlopti.rollout.seeds import sample_seed
 from arlopti.utils.fsdp_unshard import unsharded_for_generate
 
@@ -232,11 +235,12 @@ class _ForwardStepper:
         return out.logits
 
 
-def stepper_for(model: nn.Module, capacity: int, decoder: str = "loop"):
+def stepper_for(model: nn.Module, capacity: int, decoder: str = "loop", packed: PackedLinears | None = None):
     """The decoding steps :func:`decode` runs: :class:`~arlopti.rollout.kv_decode.KVDecoder` under
-    ``loop`` where it supports the model, else the model's forward (:class:`_ForwardStepper`)."""
+    ``loop`` where it supports the model (on ``packed`` projections when given), else the model's
+    forward (:class:`_ForwardStepper`)."""
     if decoder == "loop" and unsupported_reason(model) is None:
-        return KVDecoder(model, capacity)
+        return KVDecoder(model, capacity, packed)
     return _ForwardStepper(model)
 
 
@@ -301,11 +305,20 @@ class HFEngine(RolloutEngine):
     ``"generate"`` with HF ``generate``; all three run the same arithmetic and sampler and give the
     same tokens; stop strings, which need detokenising every step, always go through ``generate``.
     ``min_new_tokens``: every response is at least this long (EOS is banned before), under every
-    decoder; None takes the model's ``generation_config.min_new_tokens``."""
+    decoder; None takes the model's ``generation_config.min_new_tokens``. ``packed``: the ``loop``
+    decoder's fp32 CPU projections run on oneDNN-packed weights (module docstring; not under
+    autocast)."""
+
+    @classmethod
+    def from_config(cls, rollout_cfg, policy: nn.Module, tokenizer,
+                    autocast_dtype: torch.dtype | None = None) -> "HFEngine":
+        """The engine the ``rollout`` settings describe."""
+        return cls(policy, tokenizer, rollout_cfg.generation_batch_size, autocast_dtype=autocast_dtype,
+                   decoder=rollout_cfg.hf_decoder, packed=rollout_cfg.hf_packed)
 
     def __init__(self, policy: nn.Module, tokenizer, generation_batch_size: int = 64,
                  autocast_dtype: torch.dtype | None = None, decoder: str = "loop",
-                 min_new_tokens: int | None = None):
+                 min_new_tokens: int | None = None, packed: bool = True):
         super().__init__()
         if decoder not in DECODERS:
             raise ValueError(f"rollout.hf_decoder={decoder!r}: choose one of {sorted(DECODERS)}")
@@ -315,6 +328,18 @@ class HFEngine(RolloutEngine):
         self.autocast_dtype = autocast_dtype
         self.decoder = decoder
         self.min_new_tokens = min_new_tokens
+        use_packed = packed and decoder == "loop" and autocast_dtype is None and unsupported_reason(self.hf) is None
+        self.packed = PackedLinears() if use_packed else None
+
+    def _load_weights(self, policy) -> None:
+        """Re-pack what the update changed (the sync's time, :class:`~arlopti.rollout.engine.EngineStats`)."""
+        t0 = time.perf_counter()
+        self._refresh_packed()
+        self.stats.last_sync_seconds = time.perf_counter() - t0
+
+    def _refresh_packed(self) -> None:
+        if self.packed is not None:
+            self.packed.refresh(projection_groups(self.hf), self.generation_batch_size)
 
     @property
     def hf(self) -> nn.Module:
@@ -367,7 +392,8 @@ class HFEngine(RolloutEngine):
                if self.autocast_dtype is not None else contextlib.nullcontext())
         with amp:
             if self.decoder != "generate" and not sampling.stop:
-                stepper = stepper_for(self.hf, width + sampling.max_new_tokens, self.decoder)
+                self._refresh_packed()  # a no-op unless the weights changed since the last sync
+                stepper = stepper_for(self.hf, width + sampling.max_new_tokens, self.decoder, self.packed)
                 new = decode(self.hf, ids, mask, sampler, sampling.max_new_tokens, sorted(eos_set), pad,
                              self._min_new_tokens(), stepper).tolist()
             else:

@@ -16,11 +16,17 @@ without that:
   (``None`` when no row is padded, as transformers passes it);
 * the rotary angles are computed once per step, by the model's own ``rotary_emb``;
 * the norms, projections and MLPs are the model's own modules, called directly (so LoRA
-  adapters and autocast apply as in the model's forward).
+  adapters and autocast apply as in the model's forward); or, given ``packed``
+  (:class:`~arlopti.rollout.packed_linear.PackedLinears`, the engine's default on CPU), the
+  plain fp32 projections run on oneDNN-packed copies of their weights (q, k and v as one
+  product, gate and up as one, then o, down and the LM head), and the MLP is its own
+  arithmetic, ``down(act(gate(x)) * up(x))``, as Llama's and Qwen2's ``forward`` write it.
 
 Same arithmetic: each op is the op transformers runs (``apply_rotary_pos_emb`` is taken from
-the model's own module), on the same values, so the logits equal the model's forward bit for
-bit; ``tests/rollout/test_hf_kv_decode.py`` checks it against ``generate`` and the plain loop.
+the model's own module), on the same values, so without ``packed`` the logits equal the model's
+forward bit for bit; ``tests/rollout/test_hf_kv_decode.py`` checks it against ``generate`` and
+the plain loop. Packed, the products are the same but summed in another order (float32
+rounding: :mod:`arlopti.rollout.packed_linear`).
 :func:`unsupported_reason` lists what falls back to the model's forward (other architectures,
 attention other than SDPA, sliding windows, FSDP2-sharded modules).
 """
@@ -31,6 +37,8 @@ import sys
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from arlopti.rollout.packed_linear import PackedLinears
 
 #: The HF classes whose decoder layers :class:`KVDecoder` runs (same layer structure).
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
@@ -60,11 +68,13 @@ def unsupported_reason(model: nn.Module) -> str | None:
 class KVDecoder:
     """Prefill once, then decode one token per :meth:`step`, for ``batch`` left-padded rows.
 
-    ``capacity``: the longest sequence (prompt width + new tokens) the buffers hold.
+    ``capacity``: the longest sequence (prompt width + new tokens) the buffers hold; ``packed``:
+    the packed projections to run (module docstring; refreshed by the caller, :func:`projection_groups`).
     """
 
-    def __init__(self, model: nn.Module, capacity: int):
+    def __init__(self, model: nn.Module, capacity: int, packed: PackedLinears | None = None):
         self.model = model
+        self.packed = packed
         self.inner = base_model(model)
         self.body = self.inner.model
         self.layers = list(self.body.layers[: self.inner.config.num_hidden_layers])
@@ -74,6 +84,15 @@ class KVDecoder:
         self.keys: list[Tensor] = []
         self.values: list[Tensor] = []
         self.length = 0
+
+    def _proj(self, modules: tuple[nn.Module, ...], x: Tensor) -> tuple[Tensor, ...]:
+        return self.packed(modules, x) if self.packed is not None else tuple(m(x) for m in modules)
+
+    def _mlp(self, mlp: nn.Module, x: Tensor) -> Tensor:
+        if self.packed is None or not _gated_mlp(mlp):
+            return mlp(x)
+        gate, up = self._proj((mlp.gate_proj, mlp.up_proj), x)
+        return self._proj((mlp.down_proj,), mlp.act_fn(gate) * up)[0]
 
     def prefill(self, ids: Tensor, mask: Tensor, pos: Tensor) -> Tensor:
         """The model's forward over the prompts; returns the last position's logits ``[B, 1, V]``."""
@@ -105,23 +124,41 @@ class KVDecoder:
             hidden = residual + self._attention(i, layer.self_attn, layer.input_layernorm(hidden), cos, sin,
                                                 attn_mask)
             residual = hidden
-            hidden = residual + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = residual + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         self.length = t + 1
-        return self.inner.lm_head(self.body.norm(hidden))
+        return self._proj((self.inner.lm_head,), self.body.norm(hidden))[0]
 
     def _attention(self, i: int, attn: nn.Module, x: Tensor, cos: Tensor, sin: Tensor,
                    attn_mask: Tensor | None) -> Tensor:
         batch, hd, t = x.shape[0], attn.head_dim, self.length
-        q = attn.q_proj(x).view(batch, 1, -1, hd).transpose(1, 2)
-        k = attn.k_proj(x).view(batch, 1, -1, hd).transpose(1, 2)
-        v = attn.v_proj(x).view(batch, 1, -1, hd).transpose(1, 2)
+        q, k, v = (y.view(batch, 1, -1, hd).transpose(1, 2)
+                   for y in self._proj((attn.q_proj, attn.k_proj, attn.v_proj), x))
         q, k = self.rope(q, k, cos, sin)
         self.keys[i][:, :, t:t + 1].copy_(k)
         self.values[i][:, :, t:t + 1].copy_(v)
         out = F.scaled_dot_product_attention(q, self.keys[i][:, :, :t + 1], self.values[i][:, :, :t + 1],
                                              attn_mask=attn_mask, scale=attn.scaling,
                                              enable_gqa=attn.num_key_value_groups > 1)
-        return attn.o_proj(out.transpose(1, 2).reshape(batch, 1, -1))
+        return self._proj((attn.o_proj,), out.transpose(1, 2).reshape(batch, 1, -1))[0]
 
 
-__all__ = ["KVDecoder", "SUPPORTED", "unsupported_reason"]
+def projection_groups(model: nn.Module) -> list[tuple[nn.Module, ...]]:
+    """The projections a :class:`KVDecoder` step of ``model`` multiplies by, grouped as one packed
+    product each (module docstring)."""
+    inner = base_model(model)
+    out: list[tuple[nn.Module, ...]] = []
+    for layer in inner.model.layers[: inner.config.num_hidden_layers]:
+        attn, mlp = layer.self_attn, layer.mlp
+        out += [(attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,)]
+        if _gated_mlp(mlp):
+            out += [(mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)]
+    return out + [(inner.lm_head,)]
+
+
+def _gated_mlp(mlp: nn.Module) -> bool:
+    """Llama's / Qwen2's MLP, ``down(act(gate(x)) * up(x))``, whose arithmetic the packed step restates."""
+    return type(mlp).__name__ in ("LlamaMLP", "Qwen2MLP") and all(
+        hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+
+
+__all__ = ["KVDecoder", "SUPPORTED", "projection_groups", "unsupported_reason"]

@@ -138,8 +138,7 @@ class HFRollouts(ColocatedRollouts):
               autocast_dtype: torch.dtype | None = None) -> "HFRollouts":
         from arlopti.rollout.hf import HFEngine
 
-        engine = HFEngine(policy, tokenizer, rollout_cfg.generation_batch_size, autocast_dtype=autocast_dtype,
-                          decoder=rollout_cfg.hf_decoder)
+        engine = HFEngine.from_config(rollout_cfg, policy, tokenizer, autocast_dtype=autocast_dtype)
         return cls(engine, group_size, SamplingPlan.of(rollout_cfg, rank))
 
 
