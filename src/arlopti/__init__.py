@@ -2,6 +2,8 @@
 
 Importing any part of the package makes its configs composable: :mod:`arlopti.config` registers the
 group schemas (``algorithm/schema``, ...) in Hydra's ConfigStore and the resolvers the configs use.
+
+Read first: :mod:`arlopti.entry.train` (what a run builds), docs/architecture.md (how the folders stack).
 """
 
 __version__ = "0.1.0"

@@ -7,6 +7,9 @@ Lopti's phase masks them; the policy loss turns them into a per-token loss, time
 rollout-correction weight; the aggregation reduces it (:mod:`.objective`). The low-probability-token
 rivals register their losses from :mod:`.rival_losses`, Lp-Reg in :mod:`.token_methods`, OTB in
 :mod:`.advantages`; :mod:`.forward_needs` says which full-distribution statistics a config needs.
+
+Read first: :mod:`.reweighting` (AR) and :mod:`.isolation` (Lopti), then :mod:`.plan` (a step's passes)
+and :mod:`.objective` (the loss they feed).
 """
 
 from arlopti.algorithms.advantages import (broadcast_to_tokens, grpo_advantages, masked_whiten,

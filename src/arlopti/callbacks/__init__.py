@@ -7,4 +7,6 @@
 * :mod:`~arlopti.callbacks.rollout_dump`: rollout dumps (:mod:`arlopti.analysis.rollout_dump`);
 * :mod:`~arlopti.callbacks.cold_start`: the SFT cold start (:mod:`arlopti.learner.cold_start`);
 * :mod:`~arlopti.callbacks.summary`: the run summary.
+
+Read first: :mod:`~arlopti.callbacks.rollout` (collect, score, experience: one training step's data).
 """

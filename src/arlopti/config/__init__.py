@@ -12,6 +12,8 @@ Three rooms, each importable on its own:
 
 This package re-exports the names the rest of the tree imports (``from arlopti.config import X``).
 The learning-rate schedules live with their only user, :mod:`arlopti.learner.optim`.
+
+Read first: :mod:`arlopti.config.schema` (every setting with its default and help).
 """
 
 from arlopti.config.check import (field_default, unwrap_optional, check_fields, check_overrides, check_value,

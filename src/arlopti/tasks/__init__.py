@@ -2,6 +2,9 @@
 your own (``custom``, :mod:`arlopti.tasks.custom`).
 
 Importing this package registers all three with :func:`arlopti.tasks.base.get_task`.
+
+Read first: :mod:`arlopti.tasks.base` (the task contract: prompts in, rewards out), then the task's own folder;
+multi-turn environments are in :mod:`arlopti.tasks.env`.
 """
 
 from arlopti.tasks import custom, kk, math  # noqa: F401  (registers the tasks)

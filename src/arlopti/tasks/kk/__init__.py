@@ -11,6 +11,8 @@ Public API::
     KKTask                                    # registered as task "kk"; KKTask(official_cut=...)
 
 Evaluation metrics (accuracy, format rate, per set and mode) are computed by :mod:`arlopti.eval.runner`.
+
+Read first: :mod:`arlopti.tasks.kk.puzzle` (the record), then :mod:`arlopti.tasks.kk.reward` (the official scorer).
 """
 
 from __future__ import annotations

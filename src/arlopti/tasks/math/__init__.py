@@ -12,6 +12,8 @@ Public API:
 
 Importing this package does not import sympy, pylatexenc or math-verify: those load only in
 the grader's worker processes.
+
+Read first: :mod:`arlopti.tasks.math.official` (the official grader's rules), then :mod:`arlopti.tasks.math.grader`.
 """
 
 from __future__ import annotations
