@@ -226,6 +226,10 @@ def sometimes(prompts, completions, ground_truth, **columns):
 
 def length(response, ground_truth, meta):
     return len(response)
+
+
+def scalar(prompts, completions, **columns):
+    return 1.0
 '''
 
 
@@ -243,6 +247,12 @@ def test_trl_convention_functions_get_lists_and_none_adds_nothing(tmp_path, capl
     assert [r.reward for r in out] == [2 * 11.0 + 1, 0.0 + 4, 2 * 10.0 + 1]
     assert [r.components["error"] for r in out] == [0.0, 0.0, 0.0]  # None is not an error ...
     assert task.stats["none:sometimes"] == 1 and "returned None" in caplog.text  # ... and not silent
+    task = CustomTask(reward_fn=f"{tmp_path}/trl_style.py:scalar", num_workers=1)
+    try:
+        with pytest.raises(ConfigError, match=r"returned a float instead of a list.*one per completion: TRL's"):
+            task.score(["a"], [None], [{"prompt": "p"}])
+    finally:
+        task.close()
 
 
 def test_a_judge_that_cannot_import_is_refused_at_start_up(tmp_path):

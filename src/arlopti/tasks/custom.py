@@ -11,8 +11,9 @@ The function (``task.reward_fn``, ``my_pkg.rewards:score`` or ``path/to/rewards.
 ``response`` is the decoded completion (no prompt), ``ground_truth`` the record's answer column
 as read (``None`` without one), ``meta`` the record's other columns plus ``dataset``, ``split``
 and ``index`` (:mod:`arlopti.data.generic_datamodule`) and ``prompt``, the record's chat messages or its
-raw text (:func:`arlopti.tasks.base.with_prompt`; the rollout and validation add it). With ``task.batch=true`` it takes lists
-instead, ``score(responses, ground_truths, metas) -> list[float | dict]``, one entry per response.
+raw text (:func:`arlopti.tasks.base.with_prompt`; the rollout and validation add it). With
+``task.batch=true`` it takes lists instead, ``score(responses, ground_truths, metas) -> list[float | dict]``,
+one entry per response.
 
 What it returns:
 
@@ -384,7 +385,8 @@ class CustomTask(Task):
         key = "task.reward_fn" if len(self.functions) == 1 else "task.reward_fns"
         raise ConfigError(f"{key}={function.spec}: the function {function.spec} returned a {what}; it must "
                           "return a number (the reward) or a dict with a number under 'reward' "
-                          + ("(a list of those with task.batch=true)" if self.batch else
+                          + ("(a list of those, or None, one per completion: TRL's convention)" if function.trl else
+                             "(a list of those with task.batch=true)" if self.batch else
                              "(set task.batch=true if it takes lists)"))
 
     def _collect(self, f: RewardFunction, groups, outcomes, n: int):

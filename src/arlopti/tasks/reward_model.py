@@ -160,7 +160,8 @@ def _device(value: str | None) -> torch.device | None:
     try:
         device = torch.device(str(value))
     except (RuntimeError, ValueError):
-        raise ConfigError(f"{KEY}_device={value!r}: expected null (the trainer's device), cpu, cuda or cuda:N") from None
+        raise ConfigError(f"{KEY}_device={value!r}: expected null (the trainer's device), cpu, cuda or "
+                          "cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{KEY}_device={value}: no CUDA device is visible here; use cpu or null (the trainer's)")
     return device
