@@ -177,8 +177,10 @@ from collections import defaultdict  # noqa: E402
 from arlopti.algorithms.advantages import OldPolicyStats, otb_advantages, otb_token_weights  # noqa: E402
 
 
-def verl_otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared, epsilon=1e-8):
-    """verl's compute_optimal_token_baseline_advantage (handle_zero_tail=False, no rollout IS), restated."""
+def verl_otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_squared, epsilon=1e-8,
+             handle_zero_tail=True):
+    """verl's compute_optimal_token_baseline_advantage (no rollout IS), restated; handle_zero_tail defaults to
+    True as in verl since PR #5380 (v0.7.1)."""
     returns = (token_level_rewards * response_mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
     w = 1 - 2 * torch.exp(old_log_probs) + sum_pi_squared
     w_cum = (w * response_mask).cumsum(dim=-1)
@@ -193,6 +195,13 @@ def verl_otb(token_level_rewards, response_mask, index, old_log_probs, sum_pi_sq
         num = (returns[t] * w_cum[t] * response_mask[t]).sum(0)
         den = (w_cum[t] * response_mask[t]).sum(0) + epsilon
         baselines[t] = (num / den).unsqueeze(0).expand(len(rows), -1)
+        if handle_zero_tail:  # the unique longest response's baseline is 0 from the second-longest length on
+            lengths = response_mask[t].sum(-1)
+            ordered = torch.sort(lengths).values
+            longest, second = int(ordered[-1]), int(ordered[-2])
+            at_max = (lengths == longest).nonzero(as_tuple=True)[0]
+            if at_max.numel() == 1 and longest > second:
+                baselines[rows[int(at_max[0])], second:] = 0.0
     return (returns - baselines) * response_mask
 
 
@@ -210,13 +219,55 @@ def _otb_batch(seed=0):
     return outcome_token_rewards(rewards, mask), mask, ids, old, sum_p2
 
 
-def test_otb_equals_verl():
+@pytest.mark.parametrize("zero_tail", [True, False])
+def test_otb_equals_verl(zero_tail):
     rewards, mask, ids, old, sum_p2 = _otb_batch()
-    ours = otb_advantages(rewards, mask, ids, old=OldPolicyStats(old, sum_p2))
-    ref = verl_otb(rewards, mask, ids.tolist(), old, sum_p2)
+    ours = otb_advantages(rewards, mask, ids, old=OldPolicyStats(old, sum_p2), zero_tail=zero_tail)
+    ref = verl_otb(rewards, mask, ids.tolist(), old, sum_p2, handle_zero_tail=zero_tail)
     torch.testing.assert_close(ours, ref.float(), rtol=1e-6, atol=1e-6)
     assert ours[6].tolist() == pytest.approx([0.3, 0.3, 0, 0, 0, 0])  # a group of one: A = G (its reward-to-go)
     assert torch.all(ours[mask == 0] == 0)
+    # both groups have a unique longest response (lengths 6 > 5 and 6 > 4): its tail has A = G with the zero
+    # tail and A ~ 0 without (the baseline is its own return there)
+    tail = ours[0, 5:].tolist() + ours[4, 4:].tolist()
+    assert tail == (pytest.approx([1.0, 0.0, 0.0]) if zero_tail else pytest.approx([0.0, 0.0, 0.0], abs=1e-6))
+    assert otb_advantages(rewards, mask, ids, old=OldPolicyStats(old, sum_p2)).equal(
+        otb_advantages(rewards, mask, ids, old=OldPolicyStats(old, sum_p2), zero_tail=True))  # the default: on
+
+
+def test_otb_zero_tail_by_hand():
+    """Issue 45 §4: a group of three, lengths 3, 1, 1 (rewards 1, 0, 0), every token p = 0.5 with sum p^2 = 0.5,
+    so w = 1 - 2 p + sum p^2 = 0.5 and W = 0.5, 1, 1.5 along the long response, 0.5 on the short ones. G is the
+    outcome on every token. Position 0: B = (1 x 0.5 + 0 + 0) / 1.5 = 1/3. Positions 1-2: only the long
+    response, B = G W / (W + 1e-8) ~ 1, so A ~ 0 there (off); verl's handle_zero_tail sets B = 0: A = G = 1 (on)."""
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])
+    rewards = outcome_token_rewards(torch.tensor([1.0, 0.0, 0.0]), mask)
+    stats = OldPolicyStats(torch.full((3, 3), math.log(0.5)), torch.full((3, 3), 0.5))
+    ids = torch.tensor([0, 0, 0])
+    b0 = 0.5 / (1.5 + 1e-8)
+    on = otb_advantages(rewards, mask, ids, old=stats)
+    off = otb_advantages(rewards, mask, ids, old=stats, zero_tail=False)
+    assert on.tolist() == [pytest.approx([1 - b0, 1.0, 1.0]), pytest.approx([-b0, 0, 0]), pytest.approx([-b0, 0, 0])]
+    assert off[0].tolist() == pytest.approx([1 - b0, 1e-8, 1e-8 / 1.5], abs=1e-7) and off[1:].equal(on[1:])
+    # a tie for the longest: no zero tail (verl: the longest must be unique)
+    tie = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    r_tie = outcome_token_rewards(torch.tensor([1.0, 0.0, 0.0]), tie)
+    assert otb_advantages(r_tie, tie, ids, old=stats).equal(otb_advantages(r_tie, tie, ids, old=stats, zero_tail=False))
+
+
+def test_otb_zero_tail_is_a_setting_of_otb_only():
+    from dataclasses import replace
+
+    from arlopti.algorithms.advantages import estimator_options
+    from arlopti.config import AlgorithmConfig, ConfigError, RunConfig, validate_run
+
+    otb = AlgorithmConfig(advantage="otb", otb_zero_tail=False)
+    assert estimator_options(otb) == {"zero_tail": False} and AlgorithmConfig(advantage="otb").otb_zero_tail
+    assert estimator_options(AlgorithmConfig()) == {}
+    validate_run(RunConfig(algorithm=otb))
+    with pytest.raises(ConfigError, match=r"algorithm\.otb_zero_tail=false is read by algorithm\.advantage=otb "
+                                          r"only, and algorithm\.advantage=grpo; drop it or use experiment=kk_otb"):
+        validate_run(RunConfig(algorithm=replace(otb, advantage="grpo")))
 
 
 def test_otb_by_hand():

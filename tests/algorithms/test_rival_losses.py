@@ -542,3 +542,84 @@ def test_the_engine_anchor_needs_a_dppo_loss_and_the_engine_logprobs():
         validate_run(RunConfig(algorithm=algo, rollout=RolloutConfig(return_logprobs=False)))
     with pytest.raises(ConfigError, match="dppo_anchor=engine is read by the dppo_\\* losses only"):
         validate_run(RunConfig(algorithm=replace(algo, policy_loss="ppo_clip")))
+
+
+# ------------------------------------------------------------------------ SAPO's empty rows (issue 45 §4)
+# Three responses, the third with no valid token (e.g. algorithm.dapo.mask_truncated masked it whole), on
+# policy (rho = 1: l_t = -(2 / tau) A_t and d l_t / d logp_t = -A_t). Row means: -2 (A = 1, tau 1, two tokens)
+# and 2 / 1.05 (A = -1, tau 1.05, one token). verl's agg_loss without global_batch_size averages the S = 2
+# non-empty rows; TRL's (...).mean() all B = 3.
+_ROWS_MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+_ROWS_ADV = torch.tensor([[1.0, 1.0, 0.0], [-1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+_ROW_MEANS = (-2.0, 2.0 / 1.05)
+
+
+def _sapo_cfg(rows: str):
+    return _cfg("sapo", loss_agg="seq-mean-token-mean",
+                loss_params=LossParamsConfig(sapo_tau_pos=1.0, sapo_tau_neg=1.05, sapo_empty_rows=rows))
+
+
+def _sapo_rows(rows: str, scale=None):
+    old = torch.log(torch.tensor([[0.3, 0.6, 0.5], [0.2, 0.5, 0.5], [0.4, 0.5, 0.5]]))
+    logp = old.clone().requires_grad_(True)
+    loss, _ = grpo_objective(logp, old, _ROWS_ADV, _ROWS_MASK, _ROWS_MASK, _sapo_cfg(rows), scale=scale)
+    loss.backward()
+    return loss.item(), logp.grad
+
+
+@pytest.mark.parametrize("rows, count", [("skip", 2), ("zero", 3)])
+def test_sapo_empty_rows_by_hand(rows, count):
+    loss, grad = _sapo_rows(rows)
+    assert loss == pytest.approx(sum(_ROW_MEANS) / count, abs=1e-6)
+    want = torch.tensor([[-0.5, -0.5, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]]) / count  # -A / row length / count
+    torch.testing.assert_close(grad, want, rtol=1e-6, atol=1e-7)
+
+
+def test_sapo_empty_rows_zero_is_skip_times_s_over_b_and_equals_trl():
+    (skip, g_skip), (zero, g_zero) = _sapo_rows("skip"), _sapo_rows("zero")
+    assert zero == pytest.approx(skip * 2 / 3, abs=1e-7) and skip == pytest.approx(-0.0476190, abs=1e-6)
+    torch.testing.assert_close(g_zero, g_skip * 2 / 3)
+    old = torch.log(torch.tensor([[0.3, 0.6, 0.5], [0.2, 0.5, 0.5], [0.4, 0.5, 0.5]]))
+    trl = verl_sapo(old, old, _ROWS_ADV, _ROWS_MASK, 1.0, 1.05, clamp=False)  # TRL's sapo branch, per token
+    trl = ((trl * _ROWS_MASK).sum(-1) / _ROWS_MASK.sum(-1).clamp(min=1.0)).mean()  # its GRPO normaliser
+    assert zero == pytest.approx(trl.item(), abs=1e-7)
+    # the learner's scale (mini-batch scope) overrides the row count in both
+    assert _sapo_rows("zero", scale=6.0)[0] == pytest.approx(sum(_ROW_MEANS) / 6, abs=1e-6)
+
+
+def test_the_row_count_of_the_learners_normaliser(tiny_tokenizer):
+    """``token_mean_scope=minibatch`` (the default): the learner's normaliser counts S or B rows."""
+    from types import SimpleNamespace
+
+    from arlopti.config import AlgorithmConfig, SizesConfig
+    from arlopti.learner.module import GRPOModule
+
+    exp = SimpleNamespace(response_mask=_ROWS_MASK, input_ids=torch.zeros(3, 3, dtype=torch.long))
+    for rows, count in (("skip", 2.0), ("zero", 3.0)):
+        algo = AlgorithmConfig(policy_loss="sapo", dual_clip=None, loss_agg="seq-mean-token-mean",
+                               loss_params=LossParamsConfig(sapo_empty_rows=rows))
+        cfg = RunConfig(algorithm=algo, sizes=SizesConfig(prompts_per_step=1, group_size=3, mini_batch_size=3,
+                                                          micro_batch_size=3, logprob_micro_batch_size=3))
+        module = GRPOModule(cfg, tokenizer=tiny_tokenizer, total_rollout_steps=1)
+        assert module._loss_scale(exp, "all", [0, 1, 2], None) == count
+    other = AlgorithmConfig(policy_loss="gspo", dual_clip=None, loss_agg="seq-mean-token-mean",
+                            loss_params=LossParamsConfig(sapo_empty_rows="zero"))
+    from arlopti.algorithms.rival_losses import empty_rows
+
+    assert empty_rows(other) == "skip"  # another loss never reads it (and the config refuses it: below)
+
+
+def test_sapo_empty_rows_zero_needs_sapo_and_a_row_mean():
+    from dataclasses import replace
+
+    from arlopti.config import AlgorithmConfig
+
+    algo = AlgorithmConfig(policy_loss="sapo", dual_clip=None, loss_agg="seq-mean-token-mean",
+                           loss_params=LossParamsConfig(sapo_empty_rows="zero"))
+    validate_run(RunConfig(algorithm=algo))
+    for bad in (replace(algo, policy_loss="ppo_clip", dual_clip=10.0), replace(algo, loss_agg="token-mean")):
+        with pytest.raises(ConfigError, match=r"algorithm\.loss_params\.sapo_empty_rows=zero is how SAPO's mean "
+                                              r"over responses counts an empty one.*experiment=kk_sapo"):
+            validate_run(RunConfig(algorithm=bad))
+    with pytest.raises(ConfigError, match="sapo_empty_rows"):
+        validate_run(RunConfig(algorithm=replace(algo, loss_params=LossParamsConfig(sapo_empty_rows="trl"))))

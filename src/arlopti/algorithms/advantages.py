@@ -34,7 +34,8 @@ are per token:
                             ``compute_reinforce_plus_plus_baseline_outcome_advantage``).
 * ``otb``                   the optimal token baseline: a baseline per group and position, weighted by the
                             accumulated squared logit-gradient norm (:func:`otb_advantages`). The only
-                            estimator that reads the old policy (``old``: :class:`OldPolicyStats`).
+                            estimator that reads the old policy (``old``: :class:`OldPolicyStats`), and
+                            the only one with a setting of its own, ``zero_tail`` (:func:`estimator_options`).
 
 Whitening uses the **global** batch: ``reduce`` sums a tensor over data-parallel ranks (identity on
 one process), so 1 rank and N ranks give the same advantages. ``eps`` (``algorithm.adv_eps``) is
@@ -207,9 +208,28 @@ def otb_token_weights(old: OldPolicyStats, response_mask: Tensor) -> Tensor:
     return (w * mask).cumsum(-1)
 
 
+def otb_zero_tail(response_mask: Tensor, inverse: Tensor, groups: int) -> Tensor:
+    """Bool ``[B, T]``: where verl's ``handle_zero_tail`` sets OTB's baseline to 0. In a group whose longest
+    response is unique, its positions from the second-longest response's length on (length: the last
+    valid position + 1, the token count of a single-turn response, which is what verl measures); nowhere
+    in a group with a tie for the longest. ``inverse``: each row's group in ``[0, groups)``."""
+    pos = torch.arange(response_mask.shape[1], device=response_mask.device)
+    span = ((response_mask > 0) * (pos + 1)).amax(-1) if response_mask.numel() else response_mask.new_zeros(
+        response_mask.shape[0], dtype=torch.long)
+    span = span.long()
+    longest = torch.zeros(groups, dtype=torch.long, device=span.device).scatter_reduce_(0, inverse, span, "amax")
+    at_max = span == longest[inverse]
+    ties = torch.zeros(groups, dtype=torch.long, device=span.device).index_add_(0, inverse, at_max.long())
+    second = torch.zeros(groups, dtype=torch.long, device=span.device).scatter_reduce_(
+        0, inverse, torch.where(at_max, torch.zeros_like(span), span), "amax")
+    unique = at_max & (ties[inverse] == 1) & (span > second[inverse])
+    return unique.unsqueeze(-1) & (pos >= second[inverse].unsqueeze(-1))
+
+
 @ADVANTAGE_ESTIMATORS.register("otb")
 def otb_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tensor, *, eps: float = 1e-6,
-                   gamma: float = 1.0, reduce: Reduce = _local, old: OldPolicyStats | None = None) -> Tensor:
+                   gamma: float = 1.0, reduce: Reduce = _local, old: OldPolicyStats | None = None,
+                   zero_tail: bool = True) -> Tensor:
     """Optimal token baseline (Li et al., arXiv 2602.07078; restated from verl's
     ``compute_optimal_token_baseline_advantage`` in ``verl/trainer/ppo/core_algos.py`` and its
     ``docs/algo/otb.md``)::
@@ -223,11 +243,20 @@ def otb_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tens
     at t: a response whose tokens so far were uncertain (large W) pulls the baseline toward its own
     return. No std normalisation. A group of one has no baseline (A = G, as verl). ``eps`` and ``gamma``
     are not read (OTB's 1e-8 is verl's default, :data:`OTB_EPS`); the group statistics are per rank
-    (groups are whole on a rank), so ``reduce`` is not needed. Not built: verl's optional rescaling of W
-    by the rollout-correction weight squared, and ``handle_zero_tail`` (off by default in verl's
-    single-turn estimator). Positions are response positions; in a multi-turn episode the environment's
-    tokens (mask 0) add nothing to W but still align the responses by position (verl's
-    ``tir_optimal_token_baseline`` compacts them instead)."""
+    (groups are whole on a rank), so ``reduce`` is not needed.
+
+    **The zero tail** (``zero_tail``, ``algorithm.otb_zero_tail``; verl's ``handle_zero_tail``, on by
+    default since verl PR #5380, in v0.7.1 and later): beyond the second-longest response of a group only
+    its unique longest response has tokens, so there B_t is computed from that response alone and equals
+    its own return, G·W / (W + 1e-8): A_t ≈ 0, and those tokens get no gradient. With ``zero_tail`` the
+    baseline there is 0 instead (:func:`otb_zero_tail`), A_t = G_t, plain REINFORCE on the tail; without
+    it, A_t = G_t − B_t ≈ 0. The two differ by up to |G| on those tokens.
+
+    Not built: verl's optional rescaling of W by the rollout-correction weight squared. Positions are
+    response positions; in a multi-turn episode the environment's tokens (mask 0) add nothing to W but
+    still align the responses by position, and the zero tail starts at the second-longest response's
+    last valid position + 1 (verl's ``tir_optimal_token_baseline`` compacts the tokens first and counts
+    them instead)."""
     mask = response_mask.to(torch.float64)
     returns = (token_rewards.double() * mask).flip(-1).cumsum(-1).flip(-1)
     w = otb_token_weights(old, response_mask) * mask
@@ -237,7 +266,15 @@ def otb_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids: Tens
     den = torch.zeros_like(num).index_add_(0, inverse, w)
     size = torch.zeros(k, dtype=torch.float64, device=mask.device).index_add_(0, inverse, torch.ones_like(mask[:, 0]))
     baseline = torch.where(size[inverse].unsqueeze(-1) > 1, (num / (den + OTB_EPS))[inverse], torch.zeros_like(w))
+    if zero_tail:
+        baseline = torch.where(otb_zero_tail(response_mask, inverse, k), torch.zeros_like(baseline), baseline)
     return ((returns - baseline) * mask).to(torch.float32)
+
+
+def estimator_options(algorithm) -> dict:
+    """The keyword settings the run's estimator takes beyond the common ones (``eps``, ``gamma``, ``reduce``,
+    ``old``): OTB's ``zero_tail`` (``algorithm.otb_zero_tail``); none for the others."""
+    return {"zero_tail": algorithm.otb_zero_tail} if algorithm.advantage == "otb" else {}
 
 
 def broadcast_to_tokens(advantages: Tensor, response_mask: Tensor) -> Tensor:

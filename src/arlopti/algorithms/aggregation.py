@@ -8,6 +8,15 @@ least one valid token and ``T`` the padded response length:
 * ``seq-mean-token-sum``      Σ_b [Σ_t L·m] / S
 * ``seq-mean-token-sum-norm`` Σ_{b,t} L·m / (S · T)          (Dr. GRPO's constant normaliser)
 
+**Empty rows** (a response with no valid token: ``algorithm.dapo.mask_truncated`` masks a truncated
+one whole; a Lopti phase with ``normalize=phase`` can leave a row empty): ``empty_rows="skip"`` (the
+default) divides the seq-mean modes by S, the rows with a valid token (verl's ``agg_loss`` when it
+gets no ``global_batch_size``: its legacy FSDP actor, the default worker up to v0.7);
+``empty_rows="zero"`` by B, every row, an empty one counting as a zero row mean (TRL's GRPO/SAPO
+normaliser ``(...).mean()`` over the batch; verl's engine workers, the only ones since v0.8, pass
+``global_batch_size`` = the mini-batch's rows and do the same). With an empty row the two differ by
+the factor B/S, in loss and gradient. ``token-mean`` has no rows: both are the same there.
+
 ``scale`` overrides the denominator (Σ m for ``token-mean``; S otherwise). The learner uses it
 to normalise every micro-batch by the count of the whole mini-batch, summed over ranks, so the
 gradient does not depend on how tokens fall into micro-batches or onto ranks. ``horizon``
@@ -54,15 +63,28 @@ def _seq_mean_token_sum_norm(loss: Tensor, mask: Tensor, scale: float | None = N
     return (loss * mask).sum() / (denom * (mask.shape[-1] if horizon is None else horizon))
 
 
+#: How the seq-mean modes count a row with no valid token (module docstring).
+EMPTY_ROWS = ("skip", "zero")
+
+
 def aggregate(loss: Tensor, mask: Tensor, agg: str = "token-mean", scale: float | None = None,
-              horizon: int | None = None) -> Tensor:
-    """Reduce ``loss [B, T]`` with ``mask [B, T]`` according to ``agg`` (module docstring)."""
-    return LOSS_AGGREGATIONS.get(agg)(loss, mask.to(loss.dtype), scale=scale, horizon=horizon)
+              horizon: int | None = None, empty_rows: str = "skip") -> Tensor:
+    """Reduce ``loss [B, T]`` with ``mask [B, T]`` according to ``agg`` (module docstring); without
+    ``scale`` the denominator is :func:`normaliser`'s."""
+    fn = LOSS_AGGREGATIONS.get(agg)
+    if scale is None and empty_rows != "skip":
+        scale = normaliser(mask, agg, empty_rows)
+    return fn(loss, mask.to(loss.dtype), scale=scale, horizon=horizon)
 
 
-def normaliser(mask: Tensor, agg: str) -> float:
-    """The default denominator ``aggregate`` would use for ``mask``: tokens or sequences."""
+def normaliser(mask: Tensor, agg: str, empty_rows: str = "skip") -> float:
+    """The denominator of ``agg`` over ``mask [B, T]``: its valid tokens (``token-mean``), else its rows
+    with a valid token, S (``empty_rows="skip"``), or all its rows, B (``"zero"``)."""
     LOSS_AGGREGATIONS.get(agg)  # validates the name
+    if empty_rows not in EMPTY_ROWS:
+        raise ValueError(f"empty_rows={empty_rows!r}: use one of {', '.join(EMPTY_ROWS)}")
     if agg == "token-mean":
         return float(mask.sum())
+    if empty_rows == "zero":
+        return float(mask.shape[0])
     return float((mask.sum(-1) > 0).sum())

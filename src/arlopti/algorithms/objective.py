@@ -27,7 +27,9 @@ the full-distribution statistics a method reads — SimKO's top-K log-probs (wit
 Lp-Reg's proxy log-probs. :func:`arlopti.algorithms.forward_needs.forward_stats` says which a config needs.
 
 ``scale`` and ``horizon`` are forwarded to :func:`~arlopti.algorithms.aggregation.aggregate`
-(the learner passes the mini-batch-wide, all-rank count there).
+(the learner passes the mini-batch-wide, all-rank count there). Without ``scale``, a run whose
+seq-mean modes count empty rows as zeros (SAPO's ``loss_params.sapo_empty_rows=zero``,
+:func:`~arlopti.algorithms.rival_losses.empty_rows`) divides by this micro-batch's rows B.
 
 ``cfg`` is the run's :class:`~arlopti.config.AlgorithmConfig` (the learner passes its own; tests and
 analysis build one, e.g. ``LossConfig(kl_coef=0.0)``): its defaults are the schema's, stated once.
@@ -44,11 +46,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.aggregation import aggregate
+from arlopti.algorithms.aggregation import aggregate, normaliser
 from arlopti.algorithms.kl import kl_penalty
 from arlopti.algorithms.policy_loss import policy_loss
 from arlopti.algorithms.token_methods import TokenShaping, make_context, token_shaping
 from arlopti.algorithms.policy_loss import LossExtras
+from arlopti.algorithms.rival_losses import empty_rows
 from arlopti.config import AlgorithmConfig, LoptiConfig
 from arlopti.config.check import check_setting
 from arlopti.ops.tile_stats import TokenStats
@@ -72,6 +75,8 @@ def grpo_objective(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
     check_setting(LoptiConfig, "normalize", normalize, "algorithm.lopti")  # the schema's choices, not a copy
     phase_mask = phase_mask.to(log_probs.dtype)
     denom_mask = response_mask.to(log_probs.dtype) if normalize == "all" else phase_mask
+    if scale is None and empty_rows(cfg) != "skip":  # every aggregate below (loss, KL, entropy) counts B rows
+        scale = normaliser(denom_mask, cfg.loss_agg, empty_rows(cfg))
     adv = advantages * phase_mask
     method = cfg.token_method
     shaping = None

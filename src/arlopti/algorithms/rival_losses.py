@@ -16,7 +16,7 @@ is positive, so the sign of A, which picks each loss's branch, never changes.
 Which settings each reads (the schema's, :class:`arlopti.config.schema.LossParamsConfig`):
 ``dppo_tv``/``dppo_kl``: ``clip_low``/``clip_high`` as the divergence thresholds δ_low/δ_high and
 ``dual_clip`` as the truncation c of the detached ratio (verl's ``clip_ratio_c``); ``sapo``: the two
-temperatures; ``ce_gppo``: the clip, the dual-clip and β₁/β₂; ``aspo``: the clip and ``dual_clip`` as
+temperatures and how its row mean counts an empty row (``sapo_empty_rows``, :func:`empty_rows`); ``ce_gppo``: the clip, the dual-clip and β₁/β₂; ``aspo``: the clip and ``dual_clip`` as
 its soft dual clip; ``simko``: the clip, K, λ, the entropy quantile and the negative scale.
 """
 
@@ -137,9 +137,18 @@ def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, resp
     A soft gate instead of a hard clip: ∂f/∂logπ = 4·σ(1 − σ)·ρ, which is ρ·sech²(τ(ρ − 1)/2): 1 at
     ρ = 1 (plain GRPO on-policy) and decaying smoothly away from it, so no token's gradient is cut off
     at a bound. τ = ``loss_params.sapo_tau_pos`` / ``sapo_tau_neg`` (both peers: 1, 1.05); the clip
-    bounds are not read, and SAPO takes no dual-clip. Aggregation: both peers force
-    ``seq-mean-token-mean`` (TRL: its GRPO normaliser); here it is ``algorithm.loss_agg`` and
-    ``kk_sapo`` sets ``seq-mean-token-mean``. TRL does not clamp the log-ratio; verl does (±20)."""
+    bounds are not read, and SAPO takes no dual-clip. TRL does not clamp the log-ratio; verl does (±20).
+
+    Aggregation: both peers force ``seq-mean-token-mean``; here it is ``algorithm.loss_agg`` and
+    ``kk_sapo`` sets ``seq-mean-token-mean``. The peers agree on the mean of each response's token
+    mean, and differ on a response with no valid token (``algorithm.dapo.mask_truncated``'s, or a
+    Lopti phase's under ``normalize=phase``): verl's ``agg_loss`` without a ``global_batch_size`` (its
+    legacy FSDP actor, the default worker up to v0.7) averages over the S rows with a valid token;
+    TRL's ``GRPOTrainer._compute_loss`` (``loss_type="sapo"``, ``(...).mean()``) over all B rows of
+    the batch, an empty one counting as 0, and so do verl's engine workers (the only ones from v0.8,
+    ``global_batch_size`` = the mini-batch's rows). Loss and gradient then differ by B/S. Ours is a
+    switch, ``loss_params.sapo_empty_rows`` (:func:`empty_rows`): ``skip`` (S, the default) or
+    ``zero`` (B); :mod:`arlopti.algorithms.aggregation` applies it."""
     no_dual_clip("sapo", dual_clip)
     params = (extras or LossExtras()).params
     log_ratio = token_log_ratio(log_probs, old_log_probs)
@@ -151,6 +160,13 @@ def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, resp
     ind = indicators(advantages, ratio.detach(), log_ratio, 0.0, 0.0, none)
     ind["clip_high"], ind["clip_low"] = none, none.clone()  # nothing is clipped
     return -gate * advantages, ind
+
+
+def empty_rows(algorithm) -> str:
+    """How the seq-mean aggregations of a run count a response with no valid token
+    (:data:`arlopti.algorithms.aggregation.EMPTY_ROWS`): ``algorithm.loss_params.sapo_empty_rows`` under
+    ``policy_loss=sapo`` (:func:`sapo_loss`), ``skip`` under every other loss."""
+    return algorithm.loss_params.sapo_empty_rows if algorithm.policy_loss == "sapo" else "skip"
 
 
 @POLICY_LOSSES.register("ce_gppo")

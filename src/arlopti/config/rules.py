@@ -245,11 +245,25 @@ def _validate_algorithm(a: AlgorithmConfig, r: RolloutConfig) -> None:
         _require(a.loss_agg == need, f"algorithm.loss_agg={a.loss_agg} cannot apply to algorithm.policy_loss="
                  f"{a.policy_loss}: its sequence-level ratio is one value per response, so responses must weigh "
                  f"equally; set algorithm.loss_agg={need}" + fix)
+    _check_sapo_empty_rows(a)
+    _require(a.otb_zero_tail or a.advantage == "otb", "algorithm.otb_zero_tail=false is read by "
+             f"algorithm.advantage=otb only, and algorithm.advantage={a.advantage}; drop it or use experiment=kk_otb")
     _validate_correction(a.rollout_correction, r)
     _validate_token_method(a)
     d = a.dapo
     check_overlong_buffer(d.overlong_buffer, r.max_new_tokens)
     _validate_turns(a, r)
+
+
+def _check_sapo_empty_rows(a: AlgorithmConfig) -> None:
+    """``loss_params.sapo_empty_rows=zero`` changes SAPO's mean over responses; elsewhere it would change nothing."""
+    if a.loss_params.sapo_empty_rows == "skip":
+        return
+    _require(a.policy_loss == "sapo" and a.loss_agg != "token-mean",
+             f"algorithm.loss_params.sapo_empty_rows={a.loss_params.sapo_empty_rows} is how SAPO's mean over "
+             f"responses counts an empty one, and algorithm.policy_loss={a.policy_loss} with algorithm.loss_agg="
+             f"{a.loss_agg} takes no such mean; drop it, or use experiment=kk_sapo (policy_loss=sapo, "
+             "loss_agg=seq-mean-token-mean)")
 
 
 def _validate_turns(a: AlgorithmConfig, r: RolloutConfig) -> None:

@@ -208,6 +208,13 @@ class LossParamsConfig:
                                        "(verl, TRL: 1)", range="(0, inf)")
     sapo_tau_neg: float = setting(1.05, "sapo: the gate's temperature on A <= 0 tokens (verl, TRL: 1.05)",
                                   range="(0, inf)")
+    sapo_empty_rows: str = setting(
+        "skip", "sapo with a seq-mean-* loss_agg: what a response with no valid token (algorithm.dapo.mask_truncated) "
+                "counts in the mean over responses; loss and gradient differ by B/S",
+        choices={"skip": "left out: the mean over the S responses with a valid token (verl's agg_loss without a "
+                         "global_batch_size: its legacy FSDP actor, the default up to v0.7)",
+                 "zero": "counted as 0: the mean over all B responses (TRL's loss_type=sapo; verl's engine workers, "
+                         "the only ones from v0.8)"})
     gppo_beta_low: float = setting(0.75, "ce_gppo: beta_1, the gradient scale kept by A < 0 tokens below 1 - clip_low "
                                          "(CE-GPPO's README: 0.75; its scripts 0.5 / 0.75; beta 1 and 1: GPPO)",
                                    range="[0, inf)")
@@ -236,6 +243,10 @@ class AlgorithmConfig:
     adv_eps: float = setting(1e-6, "added to the group std of the advantage", range="[0, inf)")
     gamma: float = setting(1.0, "REINFORCE++: discount of the token return (1: the outcome on every token)",
                            range="[0, 1]")
+    otb_zero_tail: bool = setting(True, "otb: the baseline is 0 (A = G) on a group's unique longest response beyond "
+                                        "the second-longest one's length, where it would be that response's own "
+                                        "return (A = 0); verl's handle_zero_tail, on by default since verl PR #5380 "
+                                        "(v0.7.1); false: off, verl's default before")
     policy_loss: str = setting("ppo_clip", "the policy loss (ppo_clip: clip-higher + dual-clip; gspo; cispo; "
                                "dppo_tv / dppo_kl: arXiv 2602.04879; sapo: 2511.20347; ce_gppo: 2509.20712; "
                                "aspo: 2510.06062; simko: 2510.14807)", choices=_registry("POLICY_LOSSES"))

@@ -37,7 +37,9 @@ so a step's gradient is the exact token-mean over the mini-batch however it is s
 micro-batches and ranks (verl's global token-mean). ``microbatch`` is the official verl-0.2
 behaviour: each micro-batch's own token-mean divided by the number of micro-batches, so the
 update depends on the split by definition (also with a token budget, where the split follows
-the lengths). Under Lopti both phases divide by *all* valid tokens (``lopti.normalize=all``,
+the lengths). The seq-mean modes count responses the same way (rows with a valid token; all
+rows under SAPO's ``loss_params.sapo_empty_rows=zero``, :mod:`arlopti.algorithms.aggregation`).
+Under Lopti both phases divide by *all* valid tokens (``lopti.normalize=all``,
 official) or by the phase's own (``phase``).
 
 Empty phases (``algorithm.lopti.empty_phase``): ``skip`` (ours) - a phase with no tokens on any
@@ -98,6 +100,7 @@ from torch import Tensor
 from arlopti.algorithms import grpo_objective, normaliser
 from arlopti.algorithms.forward_needs import first_forward_reusable, forward_stats, old_pass_stats
 from arlopti.algorithms.mismatch import correction_weights
+from arlopti.algorithms.rival_losses import empty_rows
 from arlopti.algorithms.plan import phase_names, phase_pass_ends, step_order
 from arlopti.config import RunConfig, check_rollout_correction_logprobs, validate_once
 from arlopti.config.rules import effective_correction_mode
@@ -342,7 +345,7 @@ class GRPOModule(L.LightningModule):
         idx_rows = torch.tensor(rows, device=exp.input_ids.device)
         by_phase = isinstance(t, Targets) and a.lopti.normalize != "all"
         denom = t.phases[phase].token_mask[idx_rows].float() if by_phase else exp.response_mask[idx_rows]
-        return max(self._all_reduce(normaliser(denom, a.loss_agg)) / self.world, 1e-8)
+        return max(self._all_reduce(normaliser(denom, a.loss_agg, empty_rows(a))) / self.world, 1e-8)
 
     def _correction(self, old: Tensor, sub: Experience) -> Tensor | None:
         """The rollout-mismatch weight of one micro-batch (``algorithm.rollout_correction``), or None."""

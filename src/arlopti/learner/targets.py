@@ -19,7 +19,7 @@ from typing import Callable
 from torch import Tensor
 
 from arlopti.algorithms import ADVANTAGE_ESTIMATORS, Phase, kl_penalty
-from arlopti.algorithms.advantages import OldPolicyStats, outcome_token_rewards
+from arlopti.algorithms.advantages import OldPolicyStats, estimator_options, outcome_token_rewards
 from arlopti.algorithms.plan import first_step_inputs, token_inputs
 from arlopti.config import AlgorithmConfig
 from arlopti.learner.experience import Experience
@@ -41,7 +41,8 @@ def token_advantages(exp: Experience, old: Tensor, ref: Tensor | None, loss_mask
         rewards = rewards - a.kl_coef * kl_penalty(old, ref, a.kl_estimator) * loss_mask
     old_policy = OldPolicyStats(old, None if old_stats is None else old_stats.sum_p2)
     adv = ADVANTAGE_ESTIMATORS.get(a.advantage)(rewards, exp.response_mask, exp.group_ids, eps=a.adv_eps,
-                                                gamma=a.gamma, reduce=sum_over_ranks, old=old_policy)
+                                                gamma=a.gamma, reduce=sum_over_ranks, old=old_policy,
+                                                **estimator_options(a))
     return adv if loss_mask is exp.response_mask else adv * loss_mask
 
 
