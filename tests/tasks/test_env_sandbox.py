@@ -10,7 +10,7 @@ import pytest
 
 from arlopti.tasks.env import sandbox
 from arlopti.tasks.env.math_tool import MathPythonTool, MathToolEnv
-from arlopti.tasks.env.python_tool import run_python
+from arlopti.tasks.env.python_tool import PythonLimits, run_python
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_user_namespaces_off_is_refused_naming_the_sysctl(fresh_check, monkeypat
 
 def test_root_without_a_pids_cgroup_is_refused(fresh_check, monkeypatch):
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(sandbox, "_pids_hierarchy", lambda: None)
+    monkeypatch.setattr(sandbox, "_hierarchy", lambda controller: None)
     with pytest.raises(sandbox.SandboxUnavailable) as err:
         MathToolEnv()
     assert "RLIMIT_NPROC does not bind root" in _one_line(err.value) and "sandbox = False" in str(err.value)
@@ -74,12 +74,23 @@ def test_the_opt_out_warns_once_and_runs_outside(fresh_check, monkeypatch, tmp_p
     assert first.python("import os\nos.path.isdir('/etc')") == "True\n" and second.runs == []
 
 
-def test_a_process_cap_of_its_own_per_run_and_none_left():
-    cap = sandbox.ProcessCap(8)
-    with cap:
+def test_cgroups_of_its_own_per_run_and_none_left():
+    cgroups = sandbox.RunCgroups(8, 300 * 2**20)
+    with cgroups:
         if os.geteuid() == 0:
-            assert cap.cgroup is not None and (cap.cgroup / "pids.max").read_text().strip() == "8"
-            assert cap.prefix[-1].endswith("cgroup.procs")
+            assert (cgroups.cgroups["pids"] / "pids.max").read_text().strip() == "8"
+            assert cgroups.prefix[:2] == ["/bin/sh", "-c"] and "cgroup.procs" in cgroups.prefix[2]
         else:
-            assert cap.rlimit == 8 and cap.prefix == []
-    assert cap.cgroup is None or not cap.cgroup.exists()
+            assert cgroups.rlimit_nproc == 8 and cgroups.prefix == []
+    assert cgroups.cgroups == {} and not any(p.exists() for p in list(cgroups.cgroups.values()))
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or sandbox._hierarchy("memory") is None,
+                    reason="no writable memory cgroup here: the tree's memory is bounded by processes x RLIMIT_AS")
+def test_forked_hogs_are_bounded_as_a_tree():
+    """Six processes of 200 MB each stay under one process's 256 MB address space, and would hold 1.2 GB;
+    the run's memory cgroup (256 + 256 MB) ends it as a memory error."""
+    code = ("import os, time\nfor _ in range(5):\n    if os.fork() == 0:\n        break\n"
+            "x = bytearray(200 * 2**20)\nfor i in range(0, len(x), 4096):\n    x[i] = 1\ntime.sleep(3)\nprint('held')")
+    r = run_python(code, PythonLimits(cpu_s=5, wall_s=8, memory_mb=256))
+    assert r.status == "memory", (r.status, r.output[-500:])

@@ -10,7 +10,8 @@ interpreter and venv, the directory the only writable place, a clean environment
 * **limits** (:class:`PythonLimits`), set by the child inside the sandbox before the code runs: CPU
   seconds (``RLIMIT_CPU``), an address-space cap (``RLIMIT_AS``), the largest file it may write
   (``RLIMIT_FSIZE``), open files (``RLIMIT_NOFILE``), no core files, and the number of processes and
-  threads (:class:`~arlopti.tasks.env.sandbox.ProcessCap`); outside, a wall-clock deadline (the whole
+  threads (:class:`~arlopti.tasks.env.sandbox.RunCgroups`; where it can make a memory cgroup, the
+  whole tree's resident memory is bounded too, by ``memory_mb`` + 256 MB); outside, a wall-clock deadline (the whole
   sandbox is SIGKILLed, and the child's own ``alarm`` ends it should the trainer die first) and an
   output cap (the trainer stops reading and kills it once more than ``max_output_bytes`` arrived, so a
   100 MB print costs a few KB);
@@ -41,9 +42,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from arlopti.tasks.env.sandbox import ProcessCap, bwrap_args, require_sandbox, sandbox_env
+from arlopti.tasks.env.sandbox import RunCgroups, bwrap_args, require_sandbox, sandbox_env
 
 STATUSES = ("ok", "error", "memory", "timeout", "output_limit")
+# The whole tree's resident memory, where a memory cgroup holds it: one process's address space plus this
+# (each process's RLIMIT_AS stops a single hog first, with a MemoryError the model can read).
+_TREE_MARGIN_MB = 256
 # The child's exit code after a MemoryError (an exception exits 1). Code that itself exits 86 reads as
 # "memory": only the reply's last line differs.
 _EXIT_MEMORY = 86
@@ -59,7 +63,7 @@ class PythonLimits:
     max_output_bytes: int = 2048  # stdout + stderr kept; past it the run is stopped and the reply truncated
     max_file_mb: int = 16  # the largest file the code may write (RLIMIT_FSIZE)
     max_open_files: int = 256  # RLIMIT_NOFILE
-    max_processes: int = 16  # processes and threads of the whole run (sandbox.ProcessCap), its init included
+    max_processes: int = 16  # processes and threads of the whole run (sandbox.RunCgroups), its init included
 
     def __post_init__(self):
         for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_mb", "max_open_files",
@@ -212,11 +216,11 @@ def run_python(code: str, limits: PythonLimits | None = None, *, echo_last: bool
         require_sandbox()
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="arlopti-py-", ignore_cleanup_errors=True) as workdir, \
-            ProcessCap(limits.max_processes if sandbox else 0) as cap:
+            RunCgroups(limits.max_processes if sandbox else 0, (int(limits.memory_mb) + _TREE_MARGIN_MB) * 2**20) as cap:
         workdir = os.path.realpath(workdir)
         Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="surrogatepass")
         args = [str(math.ceil(limits.cpu_s)), str(int(limits.memory_mb) * 2**20), str(int(limits.max_file_mb) * 2**20),
-                str(int(limits.max_open_files)), str(cap.rlimit), str(math.ceil(limits.wall_s) + 1),
+                str(int(limits.max_open_files)), str(cap.rlimit_nproc), str(math.ceil(limits.wall_s) + 1),
                 "1" if echo_last else "0"]
         child = [python or sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _CHILD, *args]
         argv = [*cap.prefix, *bwrap_args(workdir), *child] if sandbox else child
@@ -228,9 +232,10 @@ def run_python(code: str, limits: PythonLimits | None = None, *, echo_last: bool
         finally:
             _kill_group(proc)
             proc.stdout.close()
+        oom = cap.oom_killed()  # the memory cgroup's SIGKILL reads as a memory error, not a timeout
     code_ = proc.returncode if stopped is None else None
     text = out.decode("utf-8", errors="replace")
-    return RunResult(text, _status(stopped, code_), code_, time.monotonic() - start, limits)
+    return RunResult(text, "memory" if oom else _status(stopped, code_), code_, time.monotonic() - start, limits)
 
 
 __all__ = ["STATUSES", "PythonLimits", "RunResult", "run_python"]

@@ -17,9 +17,11 @@ A run of the Python tool (:mod:`arlopti.tasks.env.python_tool`) is one ``bwrap``
   ``--new-session`` (no access to the trainer's terminal);
 * **a process cap**: ``RLIMIT_NPROC``, set inside, counts the processes of the sandbox's own user
   namespace, but it does not bind root (the kernel exempts the host's root user). Started by root, the
-  run is therefore placed in a ``pids`` cgroup of its own whose ``pids.max`` is the cap
-  (:class:`ProcessCap`). The other limits (CPU time, memory, file size, open files) are set inside by
-  the child before it runs the code; the wall clock stays outside, killing the whole tree.
+  run is therefore placed in a ``pids`` cgroup of its own whose ``pids.max`` is the cap, and, where a
+  ``memory`` hierarchy is writable, a ``memory`` cgroup whose limit bounds the whole tree's resident
+  memory (:class:`RunCgroups`; without it the bound is the process cap times ``RLIMIT_AS``). The other
+  limits (CPU time, address space, file size, open files) are set inside by the child before it runs
+  the code; the wall clock stays outside, killing the whole tree.
 
 :func:`require_sandbox` checks, once per process, that all of this works here (``bwrap`` installed,
 user namespaces allowed, a process cap available) and otherwise raises :class:`SandboxUnavailable`,
@@ -30,9 +32,11 @@ from __future__ import annotations
 
 import functools
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -81,9 +85,10 @@ def bwrap_args(workdir: str) -> list[str]:
             "--clearenv", *env, "--"]
 
 
-def _pids_hierarchy() -> Path | None:
-    """This process's cgroup directory in a ``pids`` hierarchy (cgroup v1's ``pids``, or v2), writable, or
-    None. Whether a child cgroup there really gets ``pids.max`` is :class:`ProcessCap`'s to find out."""
+def _hierarchy(controller: str) -> Path | None:
+    """This process's cgroup directory in a writable hierarchy of ``controller`` (cgroup v1's own mount, or
+    v2), or None. Whether a child cgroup there really gets the controller's files is for
+    :class:`RunCgroups` to find out."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
         mounts = [m.split(" - ") for m in Path("/proc/self/mountinfo").read_text().splitlines()]
@@ -92,11 +97,11 @@ def _pids_hierarchy() -> Path | None:
     for line in lines:
         _, controllers, rel = line.split(":", 2)
         v2 = controllers == ""
-        if not v2 and "pids" not in controllers.split(","):
+        if not v2 and controller not in controllers.split(","):
             continue
         for left, right in (m for m in mounts if len(m) == 2):
             fstype, options = right.split()[0], right.split()[-1].split(",")
-            if not ((v2 and fstype == "cgroup2") or (not v2 and fstype == "cgroup" and "pids" in options)):
+            if not ((v2 and fstype == "cgroup2") or (not v2 and fstype == "cgroup" and controller in options)):
                 continue
             mount_root, mount_point = left.split()[3:5]
             if rel == mount_root or rel.startswith(mount_root.rstrip("/") + "/"):
@@ -106,52 +111,79 @@ def _pids_hierarchy() -> Path | None:
     return None
 
 
-class ProcessCap:
-    """The cap on the processes (and threads) of one run: ``RLIMIT_NPROC`` inside the sandbox for a
-    non-root trainer (:attr:`rlimit` is the value the child sets), a ``pids`` cgroup of the run's own
-    for root (:attr:`prefix` is the command that enters it before ``exec bwrap``). Use as a context
-    manager around the run: the cgroup goes when the run's processes are gone. ``limit=0``: no cap (a
-    run outside the sandbox, where ``RLIMIT_NPROC`` would count every process of the user)."""
+#: Per controller: the limit files of a child cgroup (v1's name, v2's name), and where an OOM kill is counted.
+_LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.limit_in_bytes", "memory.max")}
 
-    def __init__(self, limit: int):
-        self.limit = int(limit)
-        self.cgroup: Path | None = None
-        self.rlimit = self.limit if os.geteuid() != 0 else 0
 
-    def __enter__(self) -> "ProcessCap":
-        if self.rlimit or not self.limit:
+class RunCgroups:
+    """The limits of one run's whole process tree (module docstring). ``processes``: processes and threads,
+    ``RLIMIT_NPROC`` inside the sandbox for a non-root trainer (:attr:`rlimit_nproc`, set by the child), a
+    ``pids`` cgroup of the run's own for root (required: :class:`SandboxUnavailable` without one).
+    ``memory_bytes``: the resident memory of the whole tree, a ``memory`` cgroup of the run's own where
+    one can be made (root); elsewhere the bound is ``processes`` times each process's ``RLIMIT_AS``.
+    :attr:`prefix` is the command that enters the cgroups before ``exec bwrap``. Use as a context
+    manager around the run: the cgroups go when the run's processes are gone. ``processes=0``: none of
+    it (a run outside the sandbox, where ``RLIMIT_NPROC`` would count every process of the user)."""
+
+    def __init__(self, processes: int, memory_bytes: int = 0):
+        self.limits = {"pids": int(processes), "memory": int(memory_bytes)}
+        self.cgroups: dict[str, Path] = {}
+        self.rlimit_nproc = self.limits["pids"] if os.geteuid() != 0 else 0
+
+    def __enter__(self) -> "RunCgroups":
+        if self.rlimit_nproc or not self.limits["pids"]:
             return self
-        parent = _pids_hierarchy()
-        if parent is None:
-            raise SandboxUnavailable(_NO_CAP)
-        self.cgroup = parent / f"arlopti-sandbox-{os.getpid()}-{time.monotonic_ns()}"
-        try:
-            self.cgroup.mkdir()
-            (self.cgroup / "pids.max").write_text(str(self.limit))  # absent where v2's pids is not enabled
-        except OSError:
-            self.__exit__()
-            raise SandboxUnavailable(_NO_CAP) from None
+        name = f"arlopti-sandbox-{os.getpid()}-{time.monotonic_ns()}"
+        for controller, limit in self.limits.items():
+            parent = _hierarchy(controller) if limit else None
+            made = parent is not None and self._make(controller, parent / name, limit)
+            if controller == "pids" and not made:
+                self.__exit__()
+                raise SandboxUnavailable(_NO_CAP)
         return self
+
+    def _make(self, controller: str, path: Path, limit: int) -> bool:
+        try:
+            path.mkdir()
+        except OSError:
+            return False
+        self.cgroups[controller] = path
+        for name in dict.fromkeys(_LIMIT_FILES[controller]):
+            if (path / name).exists():  # absent where v2 does not enable the controller below
+                (path / name).write_text(str(limit))
+                return True
+        return False
 
     @property
     def prefix(self) -> list[str]:
-        if self.cgroup is None:
+        if not self.cgroups:
             return []
-        return ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(self.cgroup / "cgroup.procs")]
+        enter = " && ".join(f"echo $$ > {shlex.quote(str(p / 'cgroup.procs'))}" for p in self.cgroups.values())
+        return ["/bin/sh", "-c", f'{enter} && exec "$@"', "sh"]
+
+    def oom_killed(self) -> bool:
+        """Whether the memory cgroup killed a process of the run (v1 ``memory.oom_control``, v2 ``memory.events``)."""
+        path = self.cgroups.get("memory")
+        for name in ("memory.oom_control", "memory.events"):
+            try:
+                counts = dict(line.split()[:2] for line in (path / name).read_text().splitlines() if line.strip())
+            except (OSError, TypeError, ValueError):
+                continue
+            return int(counts.get("oom_kill", 0)) > 0
+        return False
 
     def __exit__(self, *exc) -> None:
-        if self.cgroup is None or not self.cgroup.exists():
-            return
         deadline = time.monotonic() + 5.0  # the namespace's processes die as their init does, asynchronously
-        while True:
-            try:
-                self.cgroup.rmdir()
-                return
-            except OSError:
-                if time.monotonic() > deadline:  # pragma: no cover - a process SIGKILL cannot end
-                    return
-                _kill_all(self.cgroup)
-                time.sleep(0.005)
+        for path in self.cgroups.values():
+            while path.exists():
+                try:
+                    path.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:  # pragma: no cover - a process SIGKILL cannot end
+                        break
+                    _kill_all(path)
+                    time.sleep(0.005)
+        self.cgroups = {}
 
 
 def _kill_all(cgroup: Path) -> None:
@@ -179,10 +211,11 @@ def sandbox_problem() -> str | None:
     sandbox with new namespaces, and a process cap is available. Checked once per process."""
     if shutil.which("bwrap") is None:
         return f"the Python tool's sandbox needs bubblewrap (bwrap) and it is not on PATH: {INSTALL_HINT}"
-    workdir = os.path.realpath(os.getcwd()) if os.access(os.getcwd(), os.W_OK) else "/"
     try:
-        probe = subprocess.run([*bwrap_args(workdir), "/bin/true"], env=sandbox_env(workdir),
-                               capture_output=True, text=True, timeout=30)
+        with tempfile.TemporaryDirectory(prefix="arlopti-probe-") as tmp:
+            workdir = os.path.realpath(tmp)
+            probe = subprocess.run([*bwrap_args(workdir), "/bin/true"], env=sandbox_env(workdir),
+                                   capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"the Python tool's sandbox (bwrap) could not start: {err}; {INSTALL_HINT}"
     if probe.returncode != 0:
@@ -191,7 +224,7 @@ def sandbox_problem() -> str | None:
                 "probably disabled; enable them (sysctl kernel.unprivileged_userns_clone=1, or "
                 "user.max_user_namespaces > 0) or run in a container that allows them")
     try:
-        with ProcessCap(4):
+        with RunCgroups(4):
             pass
     except SandboxUnavailable as err:
         return str(err)
@@ -205,5 +238,5 @@ def require_sandbox() -> None:
         raise SandboxUnavailable(problem)
 
 
-__all__ = ["INSTALL_HINT", "ProcessCap", "SandboxUnavailable", "bwrap_args", "require_sandbox", "sandbox_env",
+__all__ = ["INSTALL_HINT", "RunCgroups", "SandboxUnavailable", "bwrap_args", "require_sandbox", "sandbox_env",
            "sandbox_problem"]
