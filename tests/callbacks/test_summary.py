@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from arlopti.callbacks.summary import TrainingSummary
 
 
@@ -96,3 +98,27 @@ def test_steps_without_a_learning_signal_are_counted_and_said(capsys, tmp_path):
         else:
             assert said in out and "every advantage was 0" in out
         assert json.loads((tmp_path / "summary.json").read_text())["no_signal_steps"] == sum(m is flat for m in steps)
+
+
+def test_the_time_per_phase_is_summed_from_the_steps_and_evaluations(capsys, tmp_path):
+    """Issue 43: the summary says where the time went: start-up, cold start, evaluations, rollout, update."""
+    import json
+
+    from arlopti.callbacks.summary import phase_line, process_age_s
+
+    cb = TrainingSummary(out_file=str(tmp_path / "summary.json"))
+    cb.start_up_s = 5.0
+    for rollout, scoring, sync, logprobs, update in ((2.0, 0.5, 0.25, 1.0, 3.0), (4.0, 0.5, 0.25, 1.0, 5.0)):
+        ctx = SimpleNamespace(metrics={"reward/mean": 0.0, "timing/rollout_s": rollout, "timing/scoring_s": scoring,
+                                       "timing/sync_s": sync, "timing/logprobs_s": logprobs, "timing/update_s": update})
+        cb.on_train_batch_end(None, SimpleNamespace(last_step_context=ctx, cfg=None), None, None, 0)
+    evals = [{"rollout_step": 0, "timing/eval_s": 7.0}, {"rollout_step": 2, "timing/eval_s": 8.0}]
+    module = SimpleNamespace(rollout_step=2, _trainer=None, eval_results=evals, cold_start_seconds=11.0)
+    cb.on_fit_end(SimpleNamespace(loggers=[], default_root_dir=str(tmp_path)), module)
+    phases = json.loads((tmp_path / "summary.json").read_text())["phase_seconds"]
+    assert {k: phases[k] for k in ("start_up", "cold_start", "evaluations", "rollout", "update")} == {
+        "start_up": 5.0, "cold_start": 11.0, "evaluations": 15.0, "rollout": 7.5, "update": 10.0}
+    assert phases["total"] == pytest.approx(process_age_s(), abs=60) and phases["total"] > 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("time: ")]
+    assert line == [phase_line(phases)]
+    assert line[0].startswith("time: start-up 5 s, cold start 11 s, evaluations 15 s, rollout 8 s, update 10 s, other ")

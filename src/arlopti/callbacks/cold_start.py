@@ -12,6 +12,8 @@ checkpoint, so a resumed run does not warm up again.
 
 from __future__ import annotations
 
+import time
+
 import lightning.pytorch as L
 
 from arlopti.learner.cold_start import ColdStartConfig, run_cold_start
@@ -34,8 +36,10 @@ class ColdStartCallback(L.Callback):
             for lg in loggers:
                 lg.log_metrics(metrics, step=step)
 
+        t0 = time.perf_counter()
         with trainer.precision_plugin.forward_context():
             self.losses = run_cold_start(pl_module.policy, pl_module.tokenizer, self.cfg, log_fn)
+        pl_module.cold_start_seconds = time.perf_counter() - t0  # the run summary's "cold start" phase
         if pl_module.ref is not None:  # anchor the KL to the warmed-up policy
             pl_module.ref.load_state_dict(pl_module.policy.state_dict())
         pl_module.weight_version += 1

@@ -11,11 +11,19 @@ that carried no learning signal (:func:`arlopti.callbacks.progress.no_signal`: e
 responses got the same reward, so every advantage was 0) says how many, and when it was every
 step, that nothing was learned (:func:`no_signal_note`). The same numbers land in
 ``<output_dir>/summary.json`` (``no_signal_steps``) so a script (or a test) can read them.
+
+Where the time went (``phase_seconds``, printed as one ``time:`` line): the start-up before fitting (from
+the process's start: imports, config, model loading), the SFT cold start, the evaluations (their
+``timing/eval_s``), the rollout (each step's ``timing/rollout_s`` + ``scoring_s`` + ``sync_s``) and the
+update (``timing/logprobs_s`` + ``update_s``), the rest of the run as ``other`` and the ``total``, all wall
+seconds of this process (a resumed run counts its own).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import lightning.pytorch as L
@@ -31,6 +39,9 @@ class TrainingSummary(L.Callback):
             "rollout/truncated_frac")
     #: Shown only when not zero (a custom reward's failed calls).
     ERROR_KEYS = ("reward/error", "reward/timeout")
+    #: A rollout step's phases, from the learner's ``timing/*`` metrics (docs/metrics.md).
+    STEP_PHASES = {"rollout": ("timing/rollout_s", "timing/scoring_s", "timing/sync_s"),
+                   "update": ("timing/logprobs_s", "timing/update_s")}
 
     def __init__(self, tensorboard_dir: str | None = None, window: int = 1, out_file: str | None = None):
         self.tensorboard_dir = tensorboard_dir
@@ -38,9 +49,12 @@ class TrainingSummary(L.Callback):
         self.out_file = out_file
         self.history: list[dict[str, float]] = []
         self.no_signal_steps = 0  # steps of this process without a learning signal
+        self.step_phases = dict.fromkeys(self.STEP_PHASES, 0.0)
+        self.start_up_s: float | None = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         watch_fit_stop(trainer)  # so Lightning's closing line names rollout_steps, not max_epochs
+        self.start_up_s = process_age_s()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         ctx = getattr(pl_module, "last_step_context", None)
@@ -48,6 +62,16 @@ class TrainingSummary(L.Callback):
             self.history.append({k: float(ctx.metrics[k]) for k in self.KEYS + self.ERROR_KEYS
                                  if k in ctx.metrics})
             self.no_signal_steps += int(no_signal(ctx.metrics, advantage_estimator(pl_module)))
+            for phase, keys in self.STEP_PHASES.items():
+                self.step_phases[phase] += sum(float(ctx.metrics.get(k, 0.0)) for k in keys)
+
+    def phase_seconds(self, pl_module, evals: list[dict]) -> dict[str, float | None]:
+        """Wall seconds of each phase of this process (module docstring)."""
+        total = process_age_s()
+        phases = {"start_up": self.start_up_s, "cold_start": getattr(pl_module, "cold_start_seconds", 0.0),
+                  "evaluations": sum(float(e.get("timing/eval_s", 0.0)) for e in evals), **self.step_phases}
+        known = sum(v for v in phases.values() if v is not None)
+        return {**phases, "other": None if total is None else max(0.0, total - known), "total": total}
 
     def summary(self, pl_module) -> dict:
         def mean(rows):
@@ -64,6 +88,7 @@ class TrainingSummary(L.Callback):
             "eval_first": evals[0] if len(evals) > 1 else {},
             "eval_last": evals[-1] if evals else {},
             "no_signal_steps": self.no_signal_steps,  # of the len(history) steps this process ran
+            "phase_seconds": self.phase_seconds(pl_module, evals),
             # null when the run had no TensorBoard logger (the folder was never written)
             "tensorboard_dir": self.tensorboard_dir if self.tensorboard_dir and Path(self.tensorboard_dir).is_dir()
             else None,
@@ -96,6 +121,7 @@ class TrainingSummary(L.Callback):
                 table.add_row(key, _fmt(first.get(key)), _fmt(last.get(key)))
         console = Console()
         console.print(table)
+        print(phase_line(s["phase_seconds"]), flush=True)
         note = no_signal_note(self.no_signal_steps, len(self.history))
         if note:
             print(note, flush=True)
@@ -104,6 +130,25 @@ class TrainingSummary(L.Callback):
         out = self.out_file or (Path(trainer.default_root_dir) / "summary.json")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(s, indent=2))
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: ``/proc/self/stat``'s start time against the boot
+    clock), or None where that cannot be read."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+
+
+def phase_line(phases: dict[str, float | None]) -> str:
+    """``time: start-up 12 s, cold start 40 s, ... (total 408 s)``: the summary's line on where the time went."""
+    names = {"start_up": "start-up", "cold_start": "cold start", "evaluations": "evaluations", "rollout": "rollout",
+             "update": "update", "other": "other"}
+    parts = [f"{label} {phases[k]:.0f} s" for k, label in names.items() if phases.get(k) is not None]
+    total = phases.get("total")
+    return "time: " + ", ".join(parts) + (f" (total {total:.0f} s)" if total is not None else "")
 
 
 def no_signal_note(flat: int, steps: int) -> str | None:
