@@ -277,7 +277,9 @@ def test_bad_settings_are_refused(tiny_tokenizer):
         build_turn_loop(RolloutConfig(max_turns=3), EnvConfig(), tiny_tokenizer)
     with pytest.raises(ConfigError, match=r"rollout.max_episode_tokens=99 limits a multi-turn episode"):
         build_turn_loop(RolloutConfig(max_episode_tokens=99), EnvConfig(), tiny_tokenizer)
-    with pytest.raises(EnvError, match="prompt p/0 is raw text"):
+    with pytest.raises(EnvError, match=r"prompt p/0 is raw text.*data=kk / kk_generated: data.template=qwen-instruct; "
+                                       r"data=deepscaler / dsr_uniform / orz: data.template=chat; "
+                                       r"data=prompts / verl_parquet: data.chat_template=true"):
         class First(TextEnv):
             def reset(self, row):
                 return "hello"

@@ -68,6 +68,7 @@ from arlopti.rollout.factory import build_rollouts
 from arlopti.rollout.server_rollouts import RolloutWorkersLost
 from arlopti.rollout.source import Collected, RolloutSource
 from arlopti.rollout.turns import build_turn_loop, with_env_rewards
+from arlopti.tasks.env.base import EnvError
 from arlopti.tasks.base import RewardResult, Task, get_task, trainer_placement, with_prompt
 
 log = logging.getLogger(__name__)
@@ -93,10 +94,11 @@ def shape_overlong(results: list[RewardResult], lengths: list[int], max_len: int
             for r, p in zip(results, pen)]
 
 
-def save_before_stopping(trainer, pl_module) -> str:
+def save_before_stopping(trainer, pl_module, why: str = "the rollout workers failed",
+                         until: str = "the workers run again") -> str:
     """Save ``last.ckpt`` now, as a preemption signal would (the steps done so far are not lost), and say where
-    and how to resume; under several ranks (a collective save the other ranks are not in) name the last
-    checkpoint instead."""
+    and how to resume (``why``: the reason logged; ``until``: what must hold first); under several ranks (a
+    collective save the other ranks are not in) name the last checkpoint instead."""
     ckpt = next((c for c in trainer.callbacks if hasattr(c, "save_last_checkpoint")), None)
     if ckpt is None:
         return "No checkpoint callback: the steps of this run are not saved."
@@ -105,9 +107,9 @@ def save_before_stopping(trainer, pl_module) -> str:
         last = getattr(ckpt, "last_saved_step", None)
         where = f"{ckpt.dirpath / 'last.ckpt'} (rollout step {last})" if last is not None else "none yet"
         return f"With {trainer.world_size} ranks no checkpoint is written now; the last one: {where}."
-    path = ckpt.save_last_checkpoint(trainer, step, reason="the rollout workers failed")
+    path = ckpt.save_last_checkpoint(trainer, step, reason=why)
     return (f"The {step} rollout step(s) done are saved in {path}: resume with the same command plus "
-            "ckpt_path=last once the workers run again.")
+            f"ckpt_path=last once {until}.")
 
 
 def resume_note(rollout_cfg, step: int) -> str | None:
@@ -181,6 +183,9 @@ class RolloutCallback(L.Callback):
         for task in self._tasks.values():
             task.close()
         self._tasks.clear()
+        for loop in (getattr(self.source, "turns", None), getattr(pl_module, "rollout_turns", None)):
+            if loop is not None:
+                loop.close()  # the environment's worker processes (a later round starts them again)
         self._close_workers()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
@@ -208,6 +213,10 @@ class RolloutCallback(L.Callback):
         except RolloutWorkersLost as err:
             # one line (a command line shows a failure as one): the worker's log tail, if any, is in its log file
             raise RolloutWorkersLost(" ".join(f"{err} {save_before_stopping(trainer, pl_module)}".split())) from err
+        except EnvError as err:  # task.env broke its contract or its error rule: keep the steps done (issue 42)
+            note = (save_before_stopping(trainer, pl_module, "the environment failed", "the environment is fixed")
+                    if pl_module.rollout_step > 0 else "No rollout step was done: no checkpoint is written.")
+            raise EnvError(" ".join(f"{err} {note}".split())) from err
         groups = self.score(batch, got.groups, pl_module, timings)
         stats: dict[str, float] = {}
         if pl_module.cfg.algorithm.dapo.dynamic_sampling:

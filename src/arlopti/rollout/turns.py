@@ -47,25 +47,32 @@ environment) and ``transcript`` (the episode as text, the environment's parts be
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from arlopti.config import ConfigError
+from arlopti.prompts.chat_form import chat_form_hint
 from arlopti.rollout.chat_encoding import ChatEncoding
 from arlopti.rollout.engine import Completion, SamplingConfig
-from arlopti.rollout.env_calls import CallResult, EnvCalls
+from arlopti.rollout.env_calls import CallResult, EnvCall, EnvCalls, InProcessEnvs
 from arlopti.rollout.episode import Episode
 from arlopti.rollout.retokenization import Conversation, retokenization_drift
 from arlopti.rollout.seeds import env_seed, turn_seed
 from arlopti.tasks.base import RewardResult
 from arlopti.tasks.env.base import EnvError
 from arlopti.tasks.env.loading import EnvSpec, load_env
-from arlopti.tasks.env.tools import call_tool, parse_tool_calls, tool_methods
+from arlopti.tasks.env.tools import parse_tool_calls
 
 #: A reply of more than this many characters per allowed token is refused before it is encoded.
 CHARS_PER_TOKEN_BOUND = 8
 ENV_OPEN, ENV_CLOSE = "[[env]]", "[[/env]]"
+
+log = logging.getLogger(__name__)
+#: Environments already warned about running in the trainer's process (a run builds its loop more than once).
+_WARNED_IN_PROCESS: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -116,10 +123,9 @@ class _Running:
 
     prompt: int
     sample: int
-    env: object
+    key: int  # the episode's instance, as the runner knows it (EnvCall.key)
     context: list[int]
     conversation: Conversation
-    tools: dict = field(default_factory=dict)
     ids: list[int] = field(default_factory=list)
     trainable: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
@@ -134,7 +140,7 @@ class _Running:
     reward: float = 0.0
     episode_limit: bool = False
     turn_limit: bool = False
-    hung: bool = False  # a call timed out: its thread may still run, the environment is not called again
+    hung: bool = False  # a call timed out or its process ended: the environment is not called again
     seconds: float = 0.0
 
     @property
@@ -162,19 +168,22 @@ class TurnLoop:
         self.spec, self.enc, self.limits, self.calls = spec, encoding, limits, calls
         self.tool_format = tool_format
         self.lockstep = lockstep
+        self.tool_names = {t["function"]["name"] for t in spec.tools}
+        self._keys = itertools.count()  # episode keys, never reused (a closing episode may still hold one)
+
+    def close(self) -> None:
+        """Release the environment's worker processes (a later round starts them again)."""
+        self.calls.close()
 
     # ------------------------------------------------------------------ a round
     def run(self, generate: Callable, prompts: list[EpisodePrompt], group_size: int, sampling: SamplingConfig,
             version: int | None = None) -> list[list[Episode]]:
         """``group_size`` episodes of each prompt (module docstring)."""
         base = sampling.seed if sampling.seed is not None else 0
-        groups: list[list[_Running]] = []
+        keys = [next(self._keys) for _ in range(len(prompts) * group_size)]
+        self.calls.open(keys)
         try:
-            prompt_ids = []
-            for i, p in enumerate(prompts):
-                group, ids = self._start(i, p, group_size, base)
-                groups.append(group)
-                prompt_ids.append(ids)
+            groups, prompt_ids = self._start(prompts, keys, group_size, base)
             flat = [e for g in groups for e in g]
             for turn in range(self.limits.max_turns):
                 pairs = self._generate(generate, turn, flat, prompt_ids, group_size, sampling, base)
@@ -182,16 +191,13 @@ class TurnLoop:
                     break
                 for e, c, budget in pairs:
                     self._add_turn(e, c, budget)
-                for e, _, _ in pairs:
-                    if not e.done:
-                        self._respond(e, turn, base)
-            episodes = [[self._episode(e, prompt_ids[e.prompt], prompts[e.prompt].ids, version, base) for e in g]
+                self._respond([e for e, _, _ in pairs if not e.done], turn, base)
+                self._check_before_next(flat, turn)
+            self._rewards(flat, base, prompts)
+            episodes = [[self._episode(e, prompt_ids[e.prompt], prompts[e.prompt].ids, version) for e in g]
                         for g in groups]
         finally:
-            for e in (e for g in groups for e in g):
-                close = getattr(e.env, "close", None)
-                if callable(close):
-                    self.calls.call(close, seed=0, counted=False)
+            self.calls.end(keys)
         self.calls.end_round()
         return episodes
 
@@ -210,41 +216,82 @@ class TurnLoop:
         outs = generate([list(e.context) for e in live], 1, s)
         return [(e, cs[0], b) for e, cs, b in zip(live, outs, budgets)]
 
+    def _more(self, turn: int) -> Callable[[str], float]:
+        """The most calls of each name one running episode can make after turn ``turn``'s answers: a step
+        per later turn (text contract); any number of tool calls while a turn is left, and one
+        ``get_reward`` (TRL's). The stop rule reads it to stop early only when the outcome is certain."""
+        left = self.limits.max_turns - 1 - turn
+        if self.spec.text:
+            return lambda name: float(left) if name == "step" else 0.0
+        reward = float(self.spec.has_reward)
+        return lambda name: reward if name == "get_reward" else (math.inf if left > 0 and name != "reset" else 0.0)
+
+    def _check_before_next(self, flat: list[_Running], turn: int) -> None:
+        """The stop rule before the next turn is generated, where already certain (EnvCalls.check)."""
+        live = [e for e in flat if not e.done and not e.hung]
+        if live and turn + 1 < self.limits.max_turns:
+            per = self._more(turn)
+            self.calls.check(lambda name: len(live) * per(name))
+
+    @staticmethod
+    def _share(owners: list[_Running], results: list[list], wall: float) -> None:
+        """Each episode's part of a batch's wall seconds (in proportion to its calls' own seconds), so that
+        the episodes' ``env_s`` add up to the wall time spent in the environment."""
+        own = [sum(r.seconds for r in res if r is not None) for res in results]
+        total = sum(own)
+        for e, s in zip(owners, own):
+            e.seconds += wall * (s / total if total > 0 else 1 / len(owners))
+
     # ------------------------------------------------------------------ the start
-    def _start(self, i: int, p: EpisodePrompt, group_size: int, base: int) -> tuple[list[_Running], list[int]]:
-        group, firsts = [], []
-        for j in range(group_size):
-            try:
-                env = self.spec.factory()
-            except Exception as err:  # noqa: BLE001 - user code
-                raise EnvError(f"the environment {self.spec.name}: building an instance failed "
-                               f"({type(err).__name__}: {err})") from None
-            tools = {} if self.spec.text else tool_methods(env)
-            group.append(_Running(i, j, env, [], Conversation(None), tools=tools))
-            reset = (lambda env=env: env.reset(dict(p.row))) if self.spec.text else (lambda env=env: env.reset(**p.row))
-            r = self.calls.call(reset, seed=env_seed(base, "reset", i), what="reset")
-            group[-1].seconds += r.seconds
-            if not r.ok:
-                raise EnvError(f"the environment {self.spec.name}: reset on prompt {p.uid} "
-                               + (f"raised {r.error}" if r.error else
-                                  f"did not return within task.env_timeout_s={self.calls.timeout_s} s"))
-            if r.value is not None and not isinstance(r.value, str):
-                raise EnvError(f"the environment {self.spec.name}: reset must return the first message (a str) or "
-                               f"None, and returned a {type(r.value).__name__} on prompt {p.uid}")
-            firsts.append(r.value)
+    def _start(self, prompts: list[EpisodePrompt], keys: list[int], group_size: int,
+               base: int) -> tuple[list[list[_Running]], list[list[int]]]:
+        """The episodes of every prompt, reset all at once (the first failure stops the run), and each
+        prompt's ids (re-rendered with the first message and the tools)."""
+        G = group_size
+        reset = "reset"
+        jobs = [[EnvCall(keys[i * G + j], reset, (dict(p.row),), env_seed(base, reset, i), reset)]
+                for i, p in enumerate(prompts) for j in range(G)]
+        results, wall = self.calls.run(jobs, fatal=True)
+        for n, (r,) in enumerate(results):
+            if r is not None and not r.ok:
+                self._reset_failed(prompts[n // G], r)
+        groups, all_ids = [], []
+        for i, p in enumerate(prompts):
+            group = [_Running(i, j, keys[i * G + j], [], Conversation(None)) for j in range(G)]
+            firsts = [self._first_message(p, results[i * G + j][0].value) for j in range(G)]
+            self._same_start(p, firsts)
+            ids, messages = self._prompt_ids(p, firsts[0])
+            for e in group:
+                e.context = list(ids)
+                e.conversation = Conversation(None if messages is None else [dict(m) for m in messages],
+                                              self.spec.tools or None, p.assistant_prefix)
+            groups.append(group)
+            all_ids.append(ids)
+        flat = [e for g in groups for e in g]
+        self._share(flat, results, wall)
+        return groups, all_ids
+
+    def _reset_failed(self, p: EpisodePrompt, r: CallResult) -> None:
+        if r.build_failed:
+            raise EnvError(f"the environment {self.spec.name}: building an instance failed ({r.error})")
+        raise EnvError(f"the environment {self.spec.name}: reset on prompt {p.uid} "
+                       + (f"did not return within task.env_timeout_s={self.calls.timeout_s} s" if r.timeout else
+                          f"failed ({r.error})" if r.gone else f"raised {r.error}"))
+
+    def _first_message(self, p: EpisodePrompt, value) -> str | None:
+        if value is not None and not isinstance(value, str):
+            raise EnvError(f"the environment {self.spec.name}: reset must return the first message (a str) or "
+                           f"None, and returned a {type(value).__name__} on prompt {p.uid}")
+        return value
+
+    def _same_start(self, p: EpisodePrompt, firsts: list[str | None]) -> None:
         if len(set(firsts)) > 1:
             other = next(f for f in firsts if f != firsts[0])
-            raise EnvError(f"the environment {self.spec.name}: the {group_size} resets of prompt {p.uid} returned "
+            raise EnvError(f"the environment {self.spec.name}: the {len(firsts)} resets of prompt {p.uid} returned "
                            f"different first messages ({firsts[0]!r:.80} vs {other!r:.80}); "
                            "a group's episodes must start from the same state (its advantage baseline compares them): "
                            "derive the state from the row, or draw it from Python's random, which is seeded the same "
                            "for the group")
-        ids, messages = self._prompt_ids(p, firsts[0])
-        for e in group:
-            e.context = list(ids)
-            e.conversation = Conversation(None if messages is None else [dict(m) for m in messages],
-                                          self.spec.tools or None, p.assistant_prefix)
-        return group, ids
 
     def _prompt_ids(self, p: EpisodePrompt, first: str | None) -> tuple[list[int], list[dict] | None]:
         """The prompt's ids, re-rendered with the first message and the tools when there are any, and
@@ -254,8 +301,8 @@ class TurnLoop:
         if p.messages is None:
             what = "reset returned a first message" if first is not None else "the environment has tools"
             raise EnvError(f"the environment {self.spec.name}: {what}, but prompt {p.uid} is raw text, not chat "
-                           "messages, so neither can be added to it; render the prompts with the chat template "
-                           "(data.template=chat, data.chat_template=true) or return None from reset")
+                           f"messages, so neither can be added to it; render the prompts as chat messages "
+                           f"({chat_form_hint()}) or return None from reset")
         messages = [dict(m) for m in p.messages]
         if first is not None:
             if self.spec.text:
@@ -278,15 +325,38 @@ class TurnLoop:
         if cut or c.finish_reason == "length":
             e.end("length")
 
-    def _respond(self, e: _Running, turn: int, base: int) -> None:
-        """The environment's answer to ``e``'s last turn: end the episode, or append the encoded reply. After a
-        call that timed out the environment is not called again: the turn after its error reply is final."""
-        if e.hung:
-            e.end("stop")
+    def _respond(self, live: list[_Running], turn: int, base: int) -> None:
+        """The environment's answers to the running episodes' last turns, their calls all in one batch: each
+        episode ends, or gets its encoded reply. After a call that timed out or whose process ended the
+        environment is not called again: the turn after its error reply is final."""
+        jobs, owners = [], []
+        for e in live:
+            job = None if e.hung else self._calls_of(e, turn, base)
+            if job is None:  # hung, or TRL's turn without a tool call (the final answer)
+                e.end("stop")
+                continue
+            jobs.append(job)
+            owners.append(e)
+        if not jobs:
             return
-        messages = self._step(e, turn, base) if self.spec.text else self._tools(e, turn, base)
-        if messages is None:
-            return
+        results, wall = self.calls.run(jobs, more=self._more(turn))
+        self._share(owners, results, wall)
+        for e, job, res in zip(owners, jobs, results):
+            messages = self._step_reply(e, res[0]) if self.spec.text else self._tool_replies(e, job, res)
+            if messages is not None:
+                self._append_reply(e, messages, turn)
+
+    def _calls_of(self, e: _Running, turn: int, base: int) -> list[EnvCall] | None:
+        """``e``'s calls answering its last turn: the step (text contract), or the turn's tool calls in
+        order (TRL's; None when there is none)."""
+        if self.spec.text:
+            return [EnvCall(e.key, "step", (e.text,), env_seed(base, "step", e.prompt, e.sample, turn), "step")]
+        calls = parse_tool_calls(e.text, self.tool_format)
+        return [EnvCall(e.key, "tool", (call,), env_seed(base, f"tool{k}", e.prompt, e.sample, turn),
+                        self._call_name(call.name)) for k, call in enumerate(calls)] or None
+
+    def _append_reply(self, e: _Running, messages: list[dict], turn: int) -> None:
+        """Append the encoded reply, unless the turn was the last allowed or no room is left for another."""
         if turn + 1 >= self.limits.max_turns:
             e.turn_limit = True
             e.end("stop")
@@ -299,25 +369,20 @@ class TurnLoop:
         e.add(ids, False)
         e.conversation.add_reply(messages, prefix)
 
-    def _call(self, e: _Running, fn, seed: int, what: str = "step", tool: bool = True) -> CallResult:
-        """A counted call of ``e``'s environment named ``what``; ``tool``: also one of the episode's tool
-        calls (a step or a tool), its failure one of its tool errors or timeouts."""
-        r = self.calls.call(fn, seed=seed, what=what)
-        e.seconds += r.seconds
-        if tool:
-            e.calls += 1
-            e.errors += int(r.error is not None)
-            e.timeouts += int(r.timeout)
-        return r
-
     @staticmethod
-    def _call_name(e: _Running, name: str | None) -> str:
-        """The name a tool call is counted under: the tool's, or ``unknown`` for a name ``e`` has no tool of."""
-        return name if name in e.tools else "unknown"
+    def _tally(e: _Running, r: CallResult) -> None:
+        """One of ``e``'s tool calls (a step or a tool), its failure one of its tool errors or timeouts."""
+        e.calls += 1
+        e.errors += int(r.error is not None)
+        e.timeouts += int(r.timeout)
 
-    def _step(self, e: _Running, turn: int, base: int) -> list[dict] | None:
+    def _call_name(self, name: str | None) -> str:
+        """The name a tool call is counted under: the tool's, or ``unknown`` for a name the environment has no tool of."""
+        return name if name in self.tool_names else "unknown"
+
+    def _step_reply(self, e: _Running, r: CallResult) -> list[dict] | None:
         """The text contract's step: the reply as a user message, or None when the episode ends."""
-        r = self._call(e, lambda: e.env.step(e.text), env_seed(base, "step", e.prompt, e.sample, turn))
+        self._tally(e, r)
         if not r.ok:
             return [{"role": "user", "content": self._failure(e, r)}]
         reply, done, reward = self._step_value(r.value)
@@ -328,37 +393,37 @@ class TurnLoop:
         return [{"role": "user", "content": reply}]
 
     def _step_value(self, value) -> tuple[str | None, bool, float]:
-        ok = isinstance(value, (tuple, list)) and len(value) == 3 and (value[0] is None or isinstance(value[0], str))
-        reward = value[2] if ok else None
+        """``(reply, done, reward)`` of what a step returned: ``(reply, done, reward)`` or the pair
+        ``(reply, done)`` (reward None, counting 0); any other shape, or a non-finite reward, stops the run."""
+        ok = isinstance(value, (tuple, list)) and len(value) in (2, 3) and (value[0] is None or isinstance(value[0], str))
+        reward = value[2] if ok and len(value) == 3 else None
         ok = ok and (reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool)))
         if not ok:
             raise EnvError(f"the environment {self.spec.name}: step must return (reply: str | None, done: bool, "
-                           f"reward: float | None), and returned {value!r:.120}")
+                           f"reward: float | None) or (reply, done), and returned {value!r:.120}")
         if reward is not None and not math.isfinite(reward):
             raise EnvError(f"the environment {self.spec.name}: step returned a non-finite reward {reward}")
         return value[0], bool(value[1]), float(reward or 0.0)
 
-    def _tools(self, e: _Running, turn: int, base: int) -> list[dict] | None:
-        """TRL's contract: the turn's tool calls run in order, their results as tool messages (None: no
-        call, the episode ends; after a call past the timeout the later calls are not run)."""
-        calls = parse_tool_calls(e.text, self.tool_format)
-        if not calls:
-            e.end("stop")
-            return None
+    def _tool_replies(self, e: _Running, job: list[EnvCall], results: list[CallResult | None]) -> list[dict]:
+        """TRL's contract: the turn's tool results as tool messages, in order (after a call whose instance is
+        gone the later ones were not run)."""
         out = []
-        for k, call in enumerate(calls):
-            r = self._call(e, lambda call=call: call_tool(e.tools, call),
-                           env_seed(base, f"tool{k}", e.prompt, e.sample, turn), what=self._call_name(e, call.name))
-            out.append({"role": "tool", "name": call.name or "unknown",
-                        "content": r.value if r.ok else self._failure(e, r)})
-            if r.timeout:
+        for c, r in zip(job, results):
+            if r is None:
+                break
+            self._tally(e, r)
+            name = c.args[0].name
+            out.append({"role": "tool", "name": name or "unknown", "content": r.value if r.ok else self._failure(e, r)})
+            if r.gone:
                 break
         return out
 
     def _failure(self, e: _Running, r: CallResult) -> str:
-        """The error reply of a call that raised or timed out (a timed-out environment is not called again)."""
+        """The error reply of a call that raised, timed out or lost its process (the last two: the environment
+        is not called again)."""
+        e.hung = e.hung or r.gone
         if r.timeout:
-            e.hung = True
             return f"error: the call did not return within {self.calls.timeout_s:g} s"
         return f"error: {r.error}"
 
@@ -376,7 +441,7 @@ class TurnLoop:
             size = f"{len(ids)} tokens" if ids is not None else f"{len(text)} characters"
             error = f"error: the reply was too long ({size}; the limit is {limit} tokens)"
             longest = max(messages, key=lambda m: len(str(m["content"])))
-            what = self._call_name(e, longest.get("name")) if longest["role"] == "tool" else "step"
+            what = self._call_name(longest.get("name")) if longest["role"] == "tool" else "step"
             self.calls.count(CallResult(error=error), error, new_call=False, what=what)  # the call that made it failed
             e.errors += 1
             messages = [{**messages[0], "content": error}]
@@ -387,17 +452,31 @@ class TurnLoop:
         return ids, messages, prefix
 
     # ------------------------------------------------------------------ the result
-    def _episode(self, e: _Running, prompt_ids: list[int], original: list[int], version, base: int) -> Episode:
-        if not self.spec.text and not e.hung and callable(getattr(e.env, "get_reward", None)):
-            r = self._call(e, e.env.get_reward, env_seed(base, "reward", e.prompt, e.sample), what="get_reward",
-                           tool=False)
-            if not r.ok:  # scores 0 and counts as a failed call (not as a tool call)
+    def _rewards(self, flat: list[_Running], base: int, prompts: list[EpisodePrompt]) -> None:
+        """TRL's ``get_reward()`` of every episode whose instance is still there, in one batch: added to the
+        episode's environment reward. A call that fails scores 0 and counts as a failed call (not as a tool
+        call); a value that is not a number, or is NaN or infinite, stops the run naming the environment."""
+        todo = [e for e in flat if not e.hung] if self.spec.has_reward and not self.spec.text else []
+        if not todo:
+            return
+        jobs = [[EnvCall(e.key, "get_reward", (), env_seed(base, "reward", e.prompt, e.sample), "get_reward")]
+                for e in todo]
+        results, wall = self.calls.run(jobs)
+        self._share(todo, results, wall)
+        for e, (r,) in zip(todo, results):
+            if not r.ok:
                 e.errors, e.timeouts = e.errors + int(r.error is not None), e.timeouts + int(r.timeout)
-            value = r.value if r.ok else 0.0
+                continue
+            value = r.value
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise EnvError(f"the environment {self.spec.name}: get_reward must return a number, and returned a "
                                f"{type(value).__name__}")
-            e.reward += float(value) if math.isfinite(value) else 0.0
+            if not math.isfinite(value):
+                raise EnvError(f"the environment {self.spec.name}: get_reward returned a non-finite reward {value} "
+                               f"on prompt {prompts[e.prompt].uid}; the run stops rather than train on it")
+            e.reward += float(value)
+
+    def _episode(self, e: _Running, prompt_ids: list[int], original: list[int], version) -> Episode:
         meta = {"turns": e.turns, "tool_calls": e.calls, "tool_errors": e.errors, "tool_timeouts": e.timeouts,
                 "env_tokens": len(e.trainable) - sum(e.trainable), "env_reward": e.reward,
                 "episode_limit": int(e.episode_limit), "turn_limit": int(e.turn_limit),
@@ -444,8 +523,34 @@ def build_turn_loop(rollout_cfg, env_cfg, tokenizer, lockstep: bool = False) -> 
                               "(rollout.max_new_tokens limits a single response)")
         return None
     loaded = load_env(spec)
-    calls = EnvCalls(loaded.name, env_cfg.env_timeout_s, env_cfg.max_error_frac, env_cfg.error_window)
+    runner, fallback = env_runner(loaded, spec)
+    calls = EnvCalls(loaded.name, env_cfg.env_timeout_s, env_cfg.max_error_frac, env_cfg.error_window,
+                     runner=runner, fallback=fallback)
     return TurnLoop(loaded, ChatEncoding(tokenizer), TurnLimits.of(rollout_cfg), calls, env_cfg.tool_format, lockstep)
 
 
-__all__ = ["EpisodePrompt", "TurnLimits", "TurnLoop", "build_turn_loop", "episode_prompts", "with_env_rewards"]
+def env_runner(loaded: EnvSpec, spec: str):
+    """``(runner, fallback)`` for :class:`~arlopti.rollout.env_calls.EnvCalls`: the worker processes when a
+    fresh interpreter can import the class by name (``loaded.worker_spec``), with the in-process runner as
+    the fallback of a ``callable:`` spec whose import fails there; else the in-process runner, said once."""
+    from arlopti.tasks.env.workers import EnvWorkers
+    from arlopti.tasks.in_process import is_callable_spec
+
+    def in_process() -> InProcessEnvs:
+        return InProcessEnvs(loaded.factory, loaded.text)
+
+    if loaded.worker_spec is not None:
+        return (EnvWorkers(loaded.worker_spec, loaded.name, loaded.text),
+                in_process if is_callable_spec(spec) else None)
+    if loaded.name not in _WARNED_IN_PROCESS:
+        _WARNED_IN_PROCESS.add(loaded.name)
+        log.warning("environment %s runs in the trainer's process: a fresh Python process cannot import it by name "
+                    "(it is defined in __main__, a notebook or a function), so a call past task.env_timeout_s is "
+                    "abandoned, not killed, calls run one at a time, and an environment that exits ends the run; "
+                    "define the class at the top level of a module file to run it in worker processes "
+                    "(docs/multi_turn.md)", loaded.name)
+    return in_process(), None
+
+
+__all__ = ["EpisodePrompt", "TurnLimits", "TurnLoop", "build_turn_loop", "env_runner", "episode_prompts",
+           "with_env_rewards"]

@@ -8,6 +8,12 @@ class handed to :func:`arlopti.run` in Python is kept in the process under ``cal
 probe instance, as TRL probes its factory, to tell the contract (:func:`arlopti.tasks.env.base.is_text_env`)
 and read the tools' schema; the probe is closed and never reset.
 
+Where the episodes' instances live (:mod:`arlopti.rollout.env_calls`): in worker processes, one per
+episode (:mod:`arlopti.tasks.env.workers`), for a spec a fresh interpreter can import by name
+(:attr:`EnvSpec.worker_spec`: a file spec made absolute, a ``module:Class``, or a ``callable:`` class
+defined at the top level of an importable module, :func:`arlopti.tasks.in_process.importable_spec`);
+otherwise (a class defined in ``__main__``, a notebook, a function) in the trainer's process.
+
 :func:`env_config` reads the environment's settings from the run's ``task`` node
 (``configs/train.yaml``: the :class:`~arlopti.config.schema.EnvConfig` keys, beside ``task=custom``'s).
 """
@@ -27,13 +33,17 @@ from arlopti.tasks.env.base import EnvError, is_text_env
 class EnvSpec:
     """A loaded environment: its ``name`` (for messages and metrics), the ``factory`` that builds one
     instance per episode, whether it follows the text contract (``text``; else TRL's), its tools'
-    JSON schema (``tools``; empty for a text environment) and its ``turn_prefix``."""
+    JSON schema (``tools``; empty for a text environment), its ``turn_prefix``, whether it has a
+    ``get_reward`` method (``has_reward``) and the spec a worker process imports it by (``worker_spec``;
+    None: it runs in the trainer's process, module docstring)."""
 
     name: str
     factory: Callable[[], Any]
     text: bool
     tools: list[dict] = field(default_factory=list)
     turn_prefix: str = ""
+    has_reward: bool = False
+    worker_spec: str | None = None
 
 
 def register_env(env: Callable) -> str:
@@ -54,6 +64,14 @@ def _factory(spec: str) -> Callable:
         return lookup(spec) if is_callable_spec(spec) else load_function(resolve_spec(spec))
     except (UserCodeError, KeyError) as err:
         raise ConfigError(f"task.env={spec}: {err.args[0]}") from None
+
+
+def worker_spec(spec: str, factory: Callable) -> str | None:
+    """The spec a fresh interpreter imports ``spec``'s class by (module docstring), or None."""
+    from arlopti.tasks.in_process import importable_spec, is_callable_spec
+    from arlopti.tasks.user_code import resolve_spec
+
+    return importable_spec(factory) if is_callable_spec(spec) else resolve_spec(spec)
 
 
 def load_env(spec: str) -> EnvSpec:
@@ -86,7 +104,8 @@ def load_env(spec: str) -> EnvSpec:
     if not text and not tools:
         raise EnvError(f"task.env={spec}: {cls.__name__} has no step(text) method (the text contract) and no public "
                        "method to call as a tool (TRL's contract): the model could never act on it")
-    return EnvSpec(name=name, factory=factory, text=text, tools=tools, turn_prefix=prefix)
+    return EnvSpec(name=name, factory=factory, text=text, tools=tools, turn_prefix=prefix,
+                   has_reward=callable(getattr(probe, "get_reward", None)), worker_spec=worker_spec(spec, factory))
 
 
 def env_config(node: Mapping[str, Any] | None) -> EnvConfig:
@@ -99,4 +118,4 @@ def env_config(node: Mapping[str, Any] | None) -> EnvConfig:
     return env
 
 
-__all__ = ["EnvSpec", "env_config", "load_env", "register_env"]
+__all__ = ["EnvSpec", "env_config", "load_env", "register_env", "worker_spec"]
