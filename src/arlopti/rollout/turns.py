@@ -7,9 +7,10 @@ environment ``collect_groups`` makes its one generation call, as before.
 
 One round (:meth:`TurnLoop.run`), for a step's prompts and ``G`` episodes each:
 
-1. **start**: ``G`` environment instances per prompt, each reset on the prompt's record (the row:
-   :func:`episode_prompts`), with Python's ``random`` seeded the same for the ``G`` of a prompt
-   (:mod:`arlopti.rollout.env_calls`); their first messages must agree. The prompt is re-rendered
+1. **start**: ``G`` environment instances per prompt (one worker process each, or in the trainer's process:
+   :mod:`arlopti.rollout.env_calls`), all reset at once on their prompt's record (the row:
+   :func:`episode_prompts`), with Python's ``random`` seeded the same for the ``G`` of a prompt; their first
+   messages must agree. The prompt is re-rendered
    from its messages when the environment adds a first message or tools
    (:class:`~arlopti.rollout.chat_encoding.ChatEncoding`; :mod:`arlopti.tasks.env.base` says how),
    else its ids are kept as they are;
@@ -17,9 +18,12 @@ One round (:meth:`TurnLoop.run`), for a step's prompts and ``G`` episodes each:
    seeds, so a one-turn episode samples exactly the tokens a plain response would;
 3. **after each model turn**, per episode: a turn cut at its token limit ends the episode
    (truncated); else the environment answers (the text contract's ``step``; TRL's: the turn's tool
-   calls, each run, a turn with none ends the episode). ``done``, no reply, or the last of
-   ``rollout.max_turns`` turns ends it; a call that raised or timed out gives an error reply (after a
-   timeout the environment is not called again: the next turn is final); else the reply is encoded
+   calls, in order, a turn with none ends the episode), the running episodes' calls in one batch
+   (:meth:`~arlopti.rollout.env_calls.EnvCalls.run`: at the same time on the worker processes). ``done``,
+   no reply, or the last of ``rollout.max_turns`` turns ends it; a call that raised, timed out or lost its
+   process gives an error reply (after the last two the environment is not called again: the next turn
+   is final); before the next turn is generated the stop rule is checked where already certain
+   (:meth:`~arlopti.rollout.env_calls.EnvCalls.check`); else the reply is encoded
    (:meth:`~arlopti.rollout.chat_encoding.ChatEncoding.reply_ids`) and appended with trainable 0 and
    log-prob 0.0. A reply over ``rollout.max_reply_tokens`` tokens is replaced by an error reply; one
    that would leave no room for a token of the next turn within ``rollout.max_episode_tokens`` is
@@ -36,12 +40,13 @@ The episode (:class:`~arlopti.rollout.episode.Episode`): ``token_ids`` = turn 0 
 ``trainable`` 1 on sampled ids, ``text`` = the final model turn (what the task scores), ``prompt_ids``
 when the environment re-rendered the prompt, and in ``meta``: ``turns``, ``tool_calls`` (steps of a
 text environment count as calls), ``tool_errors``, ``tool_timeouts``, ``env_tokens``, ``env_reward``
-(the sum of the steps' rewards, or TRL's ``get_reward()``), ``episode_limit`` (1: rolled back at the
+(the sum of the steps' rewards, or TRL's ``get_reward()``, all the round's in one batch), ``episode_limit`` (1: rolled back at the
 episode limit), ``turn_limit`` (1: a reply was due after the last allowed turn), ``retokenize_diff``
 (1: the conversation re-rendered by the chat template and encoded differs from the prompt and the
 episode's ids) and ``retokenize_diff_tokens`` (the length of the span where they differ;
-:mod:`arlopti.rollout.retokenization`), ``env_s`` (seconds in the
-environment) and ``transcript`` (the episode as text, the environment's parts between ``[[env]]`` and
+:mod:`arlopti.rollout.retokenization`), ``env_s`` (the episode's share of the wall seconds the round's
+batches of environment calls took, in proportion to its calls' own seconds: the episodes' sum is the
+environment's wall time) and ``transcript`` (the episode as text, the environment's parts between ``[[env]]`` and
 ``[[/env]]``). :func:`with_env_rewards` adds ``env_reward`` to the task's reward.
 """
 

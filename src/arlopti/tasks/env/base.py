@@ -5,7 +5,7 @@ protocol of your own made of plain text::
 
     class MyEnv(TextEnv):
         def reset(self, row: dict) -> str | None: ...            # the first user message, or None
-        def step(self, text: str) -> tuple[str | None, bool, float | None]: ...
+        def step(self, text: str) -> tuple[str | None, bool, float | None]: ...  # or (reply, done)
         def close(self) -> None: ...                              # optional
 
 ``step`` receives the model's turn as text (decoded, special tokens dropped) and returns
@@ -58,16 +58,27 @@ continues the same assistant message; a tokenizer without a chat template always
 ``turn_prefix`` (a class attribute, default empty) is text placed after the generation prompt of
 every later model turn (e.g. K&K's ``"<think>"``); it is environment text (not trained on).
 
+**Where the instances live** (:mod:`arlopti.rollout.env_calls`): each episode's instance in a worker
+process of its own (:mod:`arlopti.tasks.env.workers`), when a fresh interpreter can import the class by
+name (``task.env=path/to/file.py:Class`` or ``module:Class``, or a class given to ``arlopti.run`` that is
+defined at the top level of a module file); the calls of different episodes then run at the same time.
+A class defined in ``__main__``, a notebook or a function runs in the trainer's process instead (a
+warning says so): calls one at a time, a timed-out call abandoned in its thread, not killed.
+
 **Failures** (counted, never fatal unless too many): a ``step`` or a tool that raises gives the reply
 ``"error: <Exception>: <message>"`` and the episode goes on; one past ``task.env_timeout_s`` seconds
-gives the reply ``"error: the call did not return within <t> s"``, and as its thread cannot be killed
-(it is abandoned: put code that may hang in a subprocess, as the built-in Python tool does) the
-environment is not called again: the model's next turn is the final answer, and ``get_reward`` is
-not called (the environment reward is what the steps gave); a reply over ``rollout.max_reply_tokens``
-tokens is replaced by an error reply. A tool (or ``step``, ``reset``, ``get_reward``) failing on more
-than ``task.max_error_frac`` of its own calls of the last ``task.error_window`` steps stops the run,
-naming the environment and that tool with its failures, as reward functions do
-(:mod:`arlopti.rollout.env_calls`).
+gives the reply ``"error: the call did not return within <t> s"`` and its process is killed; one whose
+process ends (``os._exit``, a crash, a signal) gives the one-line reply ``"error: EnvWorkerDied:
+<Class>.<call>: the episode's environment process exited with code <n> during the call"``. After either
+of the last two the environment is not called again: the model's next turn is the final answer, and
+``get_reward`` is not called (the environment reward is what the steps gave). A reply over
+``rollout.max_reply_tokens`` tokens is replaced by an error reply. A tool (or ``step``, ``reset``,
+``get_reward``) failing on more than ``task.max_error_frac`` of its own calls of the last
+``task.error_window`` steps stops the run, naming the environment and that tool with its failures, as
+reward functions do (:mod:`arlopti.rollout.env_calls`; checked as the failures come in, as soon as the
+outcome is certain), and the run saves ``last.ckpt`` first and names it. ``step`` may also return the
+pair ``(reply, done)`` (reward None); any other shape, a non-finite step reward, and a ``get_reward()``
+that is not a number or is NaN or infinite stop the run naming the environment.
 A ``reset`` that raises, times out or returns something other than a string or None stops the run.
 """
 
