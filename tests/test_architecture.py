@@ -152,11 +152,52 @@ def longest_chain(graph: dict[str, set[str]]) -> list[str]:
     return max((chain(u, frozenset()) for u in sorted(graph)), key=len)
 
 
-def test_the_units_stand_on_at_most_eight_floors():
+def test_the_units_stand_on_at_most_seven_floors():
     """Issue 33's measure of the house: with each folder and each top-level file as one unit, the
-    longest chain of imports between units has at most 8 units (floors)."""
+    longest chain of imports between units has at most 7 units (floors; 8 until issue 44 took the
+    research out of the training path)."""
     chain = longest_chain(unit_graph())
-    assert len(chain) <= 8, f"{len(chain)} floors: " + " -> ".join(chain)
+    assert len(chain) <= 7, f"{len(chain)} floors: " + " -> ".join(chain)
+
+
+#: The units a training run is made of (issue 44), and the research that stands above them.
+TRAINING_PATH = ("callbacks", "learner", "rollout", "algorithms", "tasks", "data", "models", "prompts",
+                 "checkpoints", "ops", "config", "utils")
+RESEARCH = ("analysis", "study")
+
+
+def named_imports(path: Path) -> list[tuple[str, int]]:
+    """(module, line) of every import by name in ``path``: ``import_module("arlopti.x")``,
+    ``__import__``, ``runpy.run_module``, with the name written as a literal."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            name = node.args[0].value
+            if func in ("import_module", "__import__", "run_module") and isinstance(name, str) \
+                    and name.startswith("arlopti."):
+                out.append((name[len("arlopti."):], node.lineno))
+    return out
+
+
+def test_the_training_path_reaches_no_research():
+    """No module of the training path imports ``analysis`` or ``study``, directly, through another unit or
+    by name: a training run never loads the research code (issue 44)."""
+    graph = unit_graph()
+    assert set(TRAINING_PATH) <= set(graph), "a unit of the training path is gone: update TRAINING_PATH"
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if unit_of(module_name(path)) in TRAINING_PATH:
+            found += [f"{path.relative_to(REPO)}:{line}: {target}" for target, line in
+                      arlopti_imports(path) + named_imports(path) if unit_of(target) in RESEARCH]
+    assert not found, "the training path imports the research above it:\n" + "\n".join(found)
+    for unit in TRAINING_PATH:
+        seen, todo = set(), [unit]
+        while todo:
+            for v in graph[todo.pop()] - seen:
+                seen.add(v)
+                todo.append(v)
+        assert not seen & set(RESEARCH), f"{unit} reaches {sorted(seen & set(RESEARCH))} through other units"
 
 
 def test_the_floor_count_is_the_longest_chain():

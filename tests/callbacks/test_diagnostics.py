@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.loggers.logger import Logger
 
-from arlopti.analysis.diagnostics import metrics_from_sums, prob_histogram, step_sums
+from arlopti.learner.diagnostics import metrics_from_sums, prob_histogram, step_sums
 from arlopti.callbacks.diagnostics import TokenDiagnosticsCallback, log_histogram
 from arlopti.config import AlgorithmConfig, LoptiConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.module import GRPOModule

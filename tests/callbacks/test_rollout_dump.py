@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from arlopti.analysis.rollout_dump import read_dump, step_records, write_records
+from arlopti.learner.rollout_dump import read_dump, step_records, write_records
 from arlopti.callbacks.rollout_dump import RolloutDumpCallback
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.module import GRPOModule

@@ -178,7 +178,7 @@ def prob_bin_counts(p: Tensor, mask: Tensor, bins: int = 20) -> Tensor:
     bad = int((~torch.isfinite(v)).sum())
     if bad:  # NaN would become int64's minimum as a bin index (issue 42: "index -9223372036854775808")
         raise ValueError(f"prob_bin_counts: {bad} of the {v.numel()} valid tokens have a non-finite probability; "
-                         "leave them out of the mask (arlopti.analysis.diagnostics counts them apart)")
+                         "leave them out of the mask (arlopti.learner.diagnostics counts them apart)")
     idx = (v * bins).floor().clamp(0, bins - 1).long()
     return torch.zeros(bins, dtype=torch.float64, device=p.device).scatter_add_(0, idx, torch.ones_like(v))
 

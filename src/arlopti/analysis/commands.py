@@ -117,8 +117,8 @@ def cmd_update_direction(args, inputs=None, first_grads=None) -> dict:
 
 
 def write_live_dump(batch, old_log_probs, path: str | Path) -> Path:
-    """Write a sampled batch as a rollout dump (schema of :mod:`arlopti.analysis.rollout_dump`)."""
-    from arlopti.analysis.rollout_dump import step_records, write_records
+    """Write a sampled batch as a rollout dump (schema of :mod:`arlopti.learner.rollout_dump`)."""
+    from arlopti.learner.rollout_dump import step_records, write_records
     from arlopti.learner.step_context import StepContext
 
     exp = batch.to_experience()
@@ -139,7 +139,7 @@ def cmd_word_categories(args, texts_rewards=None, source: str | None = None) -> 
 
     if texts_rewards is None:
         if args.dump:
-            from arlopti.analysis.rollout_dump import read_dump
+            from arlopti.learner.rollout_dump import read_dump
 
             rows = read_dump(args.dump)
             texts_rewards = ([r["completion"] for r in rows], [r["reward"] for r in rows])

@@ -252,7 +252,7 @@ def batch_from_dump(path: str | Path, temperature: float, step: int | None = Non
     probabilities are *not* taken from the dump: analyses recompute them with the loaded model, so
     load the checkpoint the dump was written from.
     """
-    from arlopti.analysis.rollout_dump import read_dump
+    from arlopti.learner.rollout_dump import read_dump
 
     rows = read_dump(path)
     if not rows:

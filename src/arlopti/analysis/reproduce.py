@@ -150,7 +150,7 @@ def _word_categories(args, loaded, batch, out: Path) -> dict:
     """Fig. 5's word categories over a second, larger batch plus the mechanism batch's responses."""
     from arlopti.analysis import commands as cli
     from arlopti.analysis.inputs import sample_kk_batch
-    from arlopti.analysis.rollout_dump import read_dump
+    from arlopti.learner.rollout_dump import read_dump
     from arlopti.analysis.updates import sampled_log_probs
 
     wbatch = sample_kk_batch(loaded, args.word_prompts, args.group_size, args.max_new_tokens, args.temperature,

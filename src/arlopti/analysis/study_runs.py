@@ -40,7 +40,7 @@ import lightning.pytorch as L
 import torch
 
 from arlopti.algorithms.buckets import bucket_sums, update_direction_counts
-from arlopti.analysis.diagnostics import post_update_log_probs
+from arlopti.learner.diagnostics import post_update_log_probs
 from arlopti.analysis.study_task import TASK_NAME, FirstHalfData
 from arlopti.config import (AlgorithmConfig, ModelConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig,
                             TinyModelConfig)

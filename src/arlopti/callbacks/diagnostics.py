@@ -3,7 +3,7 @@
 Read from ``pl_module.last_step_context`` in ``on_train_batch_end`` (the step's update is done).
 With ``p = exp(old_log_probs)`` (rollout-time, at the rollout temperature) and the buckets of
 :mod:`arlopti.algorithms.buckets` (the sums and fractions are the pure functions of
-:mod:`arlopti.analysis.diagnostics`), every ``every_n_steps`` rollout steps it logs
+:mod:`arlopti.learner.diagnostics`), every ``every_n_steps`` rollout steps it logs
 
 * ``diag/bucket_frac/<b>``: fraction of the valid response tokens in bucket b (sums to 1);
 * ``diag/grad_mass_share/<b>``: bucket b's share of Σ_t |A_t|·(1 − p_t) with the advantages the
@@ -32,7 +32,7 @@ that (a saturated token, 1 − p ≈ 0) can count either way.
 
 A bucket without such tokens is not logged at that step (no NaN in TensorBoard). A token whose
 log-prob (before or after the update) is NaN is left out of every tag, with a warning that counts
-them (:mod:`arlopti.analysis.diagnostics`; issue 42: such a token used to crash the callback).
+them (:mod:`arlopti.learner.diagnostics`; issue 42: such a token used to crash the callback).
 
 Distributed: every rank computes its own sums (the extra forward is a collective under FSDP2, so
 every rank must run it), the sums are added over ranks, and global rank 0 logs; the fractions are
@@ -52,7 +52,7 @@ from torch import Tensor
 
 from arlopti.callbacks.cadence import check_every, due
 from arlopti.algorithms.buckets import update_direction_counts
-from arlopti.analysis.diagnostics import (HIST_BINS, DiagnosticSums, finite_tokens, metrics_from_sums,
+from arlopti.learner.diagnostics import (HIST_BINS, DiagnosticSums, finite_tokens, metrics_from_sums,
                                           post_update_log_probs, prob_range, step_sums)
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class TokenDiagnosticsCallback(L.Callback):
 
 
 def log_histogram(writer, tag: str, hist: Tensor, p_range: tuple[float, float], step: int) -> bool:
-    """Write :func:`~arlopti.analysis.diagnostics.prob_histogram` sums as a TensorBoard histogram; False (nothing written) with no tokens."""
+    """Write :func:`~arlopti.learner.diagnostics.prob_histogram` sums as a TensorBoard histogram; False (nothing written) with no tokens."""
     bins = int(hist.numel()) - 3
     counts, (s1, s2, n) = hist[:bins].tolist(), hist[bins:].tolist()
     if n <= 0 or not math.isfinite(p_range[0]):

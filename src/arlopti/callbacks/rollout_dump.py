@@ -1,9 +1,9 @@
-"""``RolloutDumpCallback``: rollout dumps (:mod:`arlopti.analysis.rollout_dump`) during training.
+"""``RolloutDumpCallback``: rollout dumps (:mod:`arlopti.learner.rollout_dump`) during training.
 
 It writes, on the first rollout step and then every ``every_n_steps`` rollout steps
 (``rollout_step % every_n_steps == 0``, the learner's TensorBoard x-axis), one file
 ``<dirpath>/rollouts_step<NNNNNN>.jsonl`` (``.jsonl.gz`` with ``gzip: true``) with one JSON object
-per response (the record schema is in :mod:`arlopti.analysis.rollout_dump`). It reads
+per response (the record schema is in :mod:`arlopti.learner.rollout_dump`). It reads
 ``pl_module.last_step_context`` in ``on_train_batch_end``, so the step's training is already done;
 it writes on global rank 0 only, and only rank 0's share of the batch (each rank holds whole
 prompts; with ``world_size`` > 1 the file says so in every record).
@@ -16,7 +16,7 @@ from pathlib import Path
 import lightning.pytorch as L
 
 from arlopti.callbacks.cadence import check_every
-from arlopti.analysis.rollout_dump import step_records, write_records
+from arlopti.learner.rollout_dump import step_records, write_records
 
 
 class RolloutDumpCallback(L.Callback):

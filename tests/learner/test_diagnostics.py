@@ -13,7 +13,7 @@ import torch
 
 from arlopti.algorithms import Phase
 from arlopti.algorithms.buckets import BUCKET_NAMES
-from arlopti.analysis.diagnostics import DiagnosticSums, metrics_from_sums, prob_histogram, prob_range, step_sums
+from arlopti.learner.diagnostics import DiagnosticSums, metrics_from_sums, prob_histogram, prob_range, step_sums
 
 
 def test_step_sums_by_hand():

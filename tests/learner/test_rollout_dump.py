@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from arlopti.analysis.rollout_dump import decode_array, encode_array, read_dump
+from arlopti.learner.rollout_dump import decode_array, encode_array, read_dump
 
 
 def test_array_codec_round_trip():
