@@ -38,6 +38,11 @@ or ``("build_error", (line, traceback))`` (its instance could not be built), aft
 seeded by that call's seed, and ``random`` is seeded again before the call itself;
 :func:`arlopti.tasks.env.calls.call_env`). ``close`` ends it.
 A value that cannot be pickled is an error naming its type.
+
+**Signals.** The host ignores SIGINT and SIGTERM (Ctrl-C, or a scheduler's preemption signal to the
+trainer's process group, is the trainer's business: a preempted run finishes its step with its
+environment); it exits when the trainer closes its pipe or dies. An episode process runs with Python's
+default handlers, in a process group of its own that such group signals do not reach.
 """
 
 from __future__ import annotations
