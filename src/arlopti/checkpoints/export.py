@@ -4,7 +4,9 @@
 distributed-checkpoint folder (``trainer=fsdp``), e.g. ``logs/<task>/<run_name>/<time>/checkpoints/last.ckpt``;
 a run directory works too (its ``checkpoints/last.ckpt``). ``<out_dir>`` receives
 ``save_pretrained`` weights (safetensors), config, generation config and tokenizer, plus
-``arlopti_export.json`` naming the source checkpoint and its rollout step. The result loads with
+``arlopti_export.json`` naming the source checkpoint and its rollout step, and ``README.md``, a
+Hugging Face model card of the run (:mod:`arlopti.checkpoints.model_card`: settings, data, the last
+validation of these weights, the paper's citation). The result loads with
 ``AutoModelForCausalLM.from_pretrained(out_dir)`` and ``AutoTokenizer.from_pretrained(out_dir)``.
 A LoRA run (``model.lora.r > 0``) exports its adapter as a PEFT folder, or merged weights with
 ``--merge`` (docs/lora.md).
@@ -33,6 +35,7 @@ import torch
 from arlopti.config import ConfigError, ModelConfig, from_dict
 from arlopti.config.cli_report import run_command
 from arlopti.models.lora import apply_lora, check_base_identity, lora_enabled
+from arlopti.checkpoints.model_card import CARD, card_text
 from arlopti.checkpoints.resume import CheckpointError, load_checkpoint_metadata, named_checkpoint
 from arlopti.utils.dtypes import torch_dtype
 
@@ -170,7 +173,8 @@ def export_dtype(name: str) -> torch.dtype:
 
 
 def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None, merge: bool = False) -> Path:
-    """Write ``save_pretrained`` model + tokenizer of ``ckpt`` into ``out_dir``; returns ``out_dir``.
+    """Write ``save_pretrained`` model + tokenizer of ``ckpt`` into ``out_dir``, with its model card
+    (``README.md``, :func:`arlopti.checkpoints.model_card.card_text`); returns ``out_dir``.
 
     ``dtype`` (``bfloat16``, ``float16``, ``float32``) casts the weights; default: as trained.
     A LoRA checkpoint exports a PEFT adapter folder (``adapter_model.safetensors`` +
@@ -179,14 +183,16 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     """
     cast = None if dtype is None else export_dtype(dtype)
     path = named_checkpoint(ckpt)
+    meta = load_checkpoint_metadata(path)
+    out = Path(out_dir)
+    adapter = lora_enabled(model_config_of(meta, path).lora) and not merge
+    card = card_text(meta, path, out.resolve().name, adapter)  # a bad summary.json is named before any write
     model, tok = load_policy_from_checkpoint(path, merge=merge)
     if cast is not None:
         model = model.to(cast)
-    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tok.save_pretrained(out)
-    meta = load_checkpoint_metadata(path)
     model_cfg = (meta.get("hyper_parameters") or {}).get("run", {}).get("model", {})
     # model_config: what rebuilds the base of an adapter export (arlopti.models.loading.load_adapter_model)
     info = {"checkpoint": str(path.resolve()), "rollout_step": (meta.get("arlopti") or {}).get("rollout_step"),
@@ -194,6 +200,7 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     if (meta.get("arlopti") or {}).get("lora_base"):
         info.update(lora="merged" if merge else "adapter", lora_base=meta["arlopti"]["lora_base"])
     (out / "arlopti_export.json").write_text(json.dumps(info, indent=2))
+    (out / CARD).write_text(card, encoding="utf-8")  # after save_pretrained: PEFT writes a README.md of its own
     return out
 
 
