@@ -8,7 +8,8 @@ learner's hyper-parameters (the typed run config and the data identity) as YAML,
 (:func:`arlopti.learner.step_logging.write_config`).
 
 It also tags each logger with the run's ``seed`` and ``task_name`` (read from that config), which the
-HPARAMS tab lists first with the algorithm (:func:`arlopti.learner.step_logging.hparams_first`).
+HPARAMS tab lists first with the algorithm (:func:`arlopti.learner.step_logging.hparams_first`), and
+writes the run's Custom Scalars layout into each TensorBoard logger (:mod:`arlopti.loggers.tb_layout`).
 """
 
 from __future__ import annotations
@@ -61,3 +62,6 @@ class ConfigToLoggers(Callback):
         for logger in trainer.loggers:
             setattr(logger, IDENTITY_ATTR, identity)
         write_config(trainer.loggers, config_text(self.config_file, getattr(pl_module, "hparams", {})))
+        from arlopti.loggers.tb_layout import write_run_layout
+
+        write_run_layout(trainer, pl_module)  # TensorBoard's Custom Scalars page: reward first (loggers/tb_layout.py)
