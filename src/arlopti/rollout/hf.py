@@ -338,7 +338,8 @@ class HFEngine(RolloutEngine):
         self.stats.last_sync_seconds = time.perf_counter() - t0
 
     def _refresh_packed(self) -> None:
-        if self.packed is not None:
+        # the policy may be sharded (FSDP2) after the engine was built: then the step runs the modules
+        if self.packed is not None and unsupported_reason(self.hf) is None:
             self.packed.refresh(projection_groups(self.hf), self.generation_batch_size)
 
     @property

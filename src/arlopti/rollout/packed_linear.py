@@ -32,18 +32,21 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-_PACK = "mkldnn"
-
-
 def packable(modules: Sequence[nn.Module]) -> bool:
     """Whether ``modules`` (projections read by one product) can share a packed weight: plain fp32
-    ``nn.Linear`` on the CPU, same input width, oneDNN built in, and no autocast active."""
+    ``nn.Linear`` on the CPU with whole weights (not FSDP2's DTensor shards), same input width, oneDNN
+    built in, and no autocast active."""
     if not torch.backends.mkldnn.is_available() or torch.is_autocast_enabled("cpu"):
         return False
     first = modules[0]
-    return all(type(m) is nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
-               and m.in_features == first.in_features and (m.bias is None) == (first.bias is None)
-               for m in modules)
+    return all(type(m) is nn.Linear and _plain(m.weight) and m.weight.device.type == "cpu"
+               and m.weight.dtype == torch.float32 and m.in_features == first.in_features
+               and (m.bias is None) == (first.bias is None) for m in modules)
+
+
+def _plain(weight: Tensor) -> bool:
+    """A whole weight in this process: not an FSDP2 shard (a DTensor), nor any other tensor subclass."""
+    return type(weight.data) is torch.Tensor
 
 
 def _stamp(modules: Sequence[nn.Module]) -> tuple:
