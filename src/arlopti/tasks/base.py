@@ -58,9 +58,9 @@ def trainer_placement(trainer) -> tuple[Any, str] | None:
     """``(device, precision)`` for :meth:`Task.place`: the trainer's device (``trainer.strategy.root_device``:
     this rank's) and its compute precision, Lightning's ``trainer.precision`` or, when the FSDP2 strategy
     casts the parameters itself (``trainer=fsdp_bf16``, under ``32-true``), ``<mixed_precision>-mixed``.
-    None for a stand-in without a strategy (tests): the task keeps its own defaults."""
+    None for a stand-in without a strategy's device (tests): the task keeps its own defaults."""
     strategy = getattr(trainer, "strategy", None)
-    if strategy is None:
+    if getattr(strategy, "root_device", None) is None:
         return None
     mixed = getattr(getattr(strategy, "fsdp_options", None), "mixed_precision", None)
     return strategy.root_device, f"{mixed}-mixed" if mixed else str(trainer.precision)
