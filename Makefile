@@ -36,8 +36,9 @@ $(STAMP): pyproject.toml Makefile
 test: install
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+# The edit-test loop: no test that starts a process (tests/conftest.py fails one that does, naming its mark).
 test-fast: install
-	$(PY) -m pytest -m "not slow and not distributed and not vllm" $(PYTEST_ARGS)
+	ARLOPTI_NO_PROCESSES=1 $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not slow and not distributed and not vllm and not process" $(PYTEST_ARGS)
 
 demo: install
 	$(PY) train.py experiment=kk_lopti_demo

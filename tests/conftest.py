@@ -25,6 +25,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 HEAVY_MARKS = ("slow", "vllm", "distributed")
+#: `make test-fast` sets this: a test that starts a process (a subprocess, a fork, a worker pool, a
+#: sandbox) then fails, naming the mark that leaves it out of the edit-test loop.
+NO_PROCESSES = os.environ.get("ARLOPTI_NO_PROCESSES") == "1"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -34,6 +37,26 @@ def pytest_collection_modifyitems(config, items):
     files last): long files first leave short ones to even out the two workers' ends."""
     heavy = {item.path for item in items if any(item.get_closest_marker(m) for m in HEAVY_MARKS)}
     items.sort(key=lambda item: item.path not in heavy)
+
+
+@pytest.fixture(autouse=True)
+def _no_process_in_the_fast_loop(request, monkeypatch):
+    """Under ``ARLOPTI_NO_PROCESSES=1`` (``make test-fast``), starting a process fails the test: the fast
+    loop starts none. Installed per test, inside the xdist worker, so pytest's own workers still start."""
+    if not NO_PROCESSES:
+        return
+    import multiprocessing.process
+    import subprocess
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError(f"{request.node.nodeid} starts a process: mark it @pytest.mark.process "
+                           "(make test-fast leaves those out)")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+        if hasattr(os, name):
+            monkeypatch.setattr(os, name, refuse)
 
 
 def need_fixture(rel: str) -> Path:

@@ -131,6 +131,9 @@ def test_resuming_a_checkpoint_with_nan_weights_names_the_first_bad_tensor(tmp_p
     assert "out of bounds" not in err
 
 
+@pytest.mark.process
+
+
 def test_a_failing_reward_function_stops_the_run_in_one_line(tmp_path):
     """RewardFailureError through train.py: one line naming the function, the setting and the error, rc 1;
     the user's traceback is in train.log (logged once, before the error)."""
@@ -148,6 +151,9 @@ def test_a_failing_reward_function_stops_the_run_in_one_line(tmp_path):
         "task.max_error_frac=" in line and "First error (its traceback is logged above): KeyError: 'answer'" in line
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count(f'{reward}", line 2, in score') == 1  # the user's traceback
+
+
+@pytest.mark.process
 
 
 def test_a_learning_rate_that_diverges_stops_in_one_line_naming_the_cause_and_a_checkpoint(tmp_path):

@@ -32,6 +32,9 @@ def test_smoke_puts_the_gpu_settings_back_to_fp32_on_cpu(tmp_path):
     assert cfg.trainer.accelerator == "cpu" and cfg.rollout.dtype is None and cfg.model.ref_dtype is None
 
 
+@pytest.mark.process
+
+
 def test_cfg_job_shows_bf16_and_fsdp2():
     out = subprocess.run([sys.executable, "train.py", "experiment=kk_grpo", "--cfg", "job"], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=120, check=True).stdout

@@ -4,10 +4,13 @@ a measurement, and no number is compared with a bound."""
 
 from __future__ import annotations
 
+import pytest
 import importlib.util
 import json
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"

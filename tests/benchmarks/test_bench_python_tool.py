@@ -3,10 +3,13 @@ Nothing here is a measurement."""
 
 from __future__ import annotations
 
+import pytest
 import json
 import math
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 

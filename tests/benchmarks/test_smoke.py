@@ -230,6 +230,9 @@ def test_measure_mismatch(bench, tmp_path):
     assert abs(data["metrics"]["mismatch/abs_diff_max"]) < 1e-3  # the HF engine samples from the policy itself
 
 
+@pytest.mark.process
+
+
 def test_bench_multiturn(bench, tmp_path):
     from conftest import need_fixture
 
@@ -242,12 +245,16 @@ def test_bench_multiturn(bench, tmp_path):
 
 
 # --------------------------------------------------------------------------- tasks, the rest, the device
+@pytest.mark.process
 def test_bench_grading(bench, tmp_path):
     out = tmp_path / "grading.json"
     assert bench("bench_grading").main(["--smoke", "--out", str(out)]) == 0  # 0: no grader process left behind
     data = written(out)
     assert [r["responses"] for r in data["throughput"]] == [20, 19, 19] and data["zombie_check"]["gradings"] == 100
     assert data["zombie_check"]["ok"] and 0 < data["reward_agreement_with_naive"] <= 1
+
+
+@pytest.mark.process
 
 
 def test_bench_grading_worst_case(bench, tmp_path):

@@ -146,6 +146,9 @@ def test_every_n_steps_is_checked():
 LOG_PREFIX = re.compile(r"^\[[^\]]+\]\[([^\]]+)\]\[[A-Z]+\] - ")
 
 
+@pytest.mark.process
+
+
 def test_non_tty_run_logs_one_line_per_step_and_nothing_twice(tmp_path):
     """The real command line with stdout a pipe (no TTY), as under SLURM."""
     run = tmp_path / "run"

@@ -18,7 +18,7 @@ from arlopti.config.cli_report import run_command
 
 COMMANDS = {
     "analysis": (["arlopti.analysis", "study", "toy", "--seeds", "1", "--out", "{tmp}/study"],
-                 "ConfigError: --seeds 1: a CI over seeds needs at least 2"),
+                 "ConfigError: --seeds 1: seeds per method (a CI over seeds needs at least 2)"),
     "prepare": (["arlopti.data.prepare", "kk", "--train-count", "-1", "--out", "{tmp}/kk"],
                 "ConfigError: --train-count -1 --test-count 100: both must be >= 0"),
     "preview": (["arlopti.data.preview", "data=kk", "model=tiny", "+model.bogus=1"],
@@ -44,11 +44,15 @@ def the_line(err: str) -> str:
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.process
 def test_a_config_error_is_one_line_and_exit_status_1(command, tmp_path):
     args, line = COMMANDS[command]
     done = run_module(args, tmp_path)
     assert done.returncode == 1, done.stderr[-3000:]
     assert the_line(done.stderr).startswith(line)
+
+
+@pytest.mark.process
 
 
 def test_hydra_full_error_shows_the_traceback(tmp_path):

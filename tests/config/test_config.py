@@ -344,6 +344,9 @@ def test_yaml_booleans_are_true_or_false():
     assert not offenders, offenders
 
 
+@pytest.mark.process
+
+
 def test_python_train_py_refuses_lopti_enabled_no(tmp_path):
     """The real command line, one process: exits non-zero with the key on stderr, before any work."""
     import subprocess

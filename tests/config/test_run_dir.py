@@ -57,6 +57,9 @@ def test_a_taken_name_gives_the_next_free_one(tmp_path):
     assert all(Path(p).is_dir() for p in (first, second, third))
 
 
+@pytest.mark.process
+
+
 def test_two_runs_started_at_once_get_two_folders(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(JOB)

@@ -202,6 +202,9 @@ def test_missing_official_prompt_is_a_clear_error(tmp_path, capsys):
     assert "<|im_start|>system" in capsys.readouterr().out
 
 
+@pytest.mark.process
+
+
 def test_help_and_bad_arguments(capsys):
     done = subprocess.run([sys.executable, "-m", "arlopti.data.preview", "--help"], capture_output=True,
                           text=True, timeout=60)

@@ -40,6 +40,9 @@ def test_bad_override_is_refused_before_anything_is_built():
         arlopti.run(["algorithm.lopti.enabled=no"])
 
 
+@pytest.mark.process
+
+
 def test_import_arlopti_keeps_the_api_light():
     import subprocess
     import sys

@@ -22,6 +22,9 @@ def _run(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
 
 
+@pytest.mark.process
+
+
 def test_the_console_script_is_installed_and_lists_every_subcommand():
     assert SCRIPT.is_file(), f"{SCRIPT}: `pip install -e .` (make install) installs the arlopti script"
     done = _run(str(SCRIPT), "--help")
@@ -46,9 +49,15 @@ def test_train_and_eval_help_is_hydras(name):
     assert "Powered by Hydra" in done.stdout and "== Config ==" in done.stdout
 
 
+@pytest.mark.process
+
+
 def test_an_unknown_subcommand_is_named():
     done = _run(str(SCRIPT), "trian")
     assert done.returncode == 2 and "unknown subcommand 'trian'" in done.stderr and "arlopti --help" in done.stderr
+
+
+@pytest.mark.process
 
 
 def test_a_bad_setting_is_one_line_with_status_1(capsys):
@@ -59,6 +68,9 @@ def test_a_bad_setting_is_one_line_with_status_1(capsys):
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "algorithm.lopti.enabled" in lines[0], done.stderr
+
+
+@pytest.mark.process
 
 
 def test_the_old_export_module_answers_with_the_new_command():

@@ -13,6 +13,8 @@ import pytest
 from conftest import FIXTURES, REPO_ROOT
 from helpers.compose import compose_train
 
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
+
 EXPERIMENTS = sorted(p.stem for p in (REPO_ROOT / "configs" / "experiment").glob("*.yaml"))
 # The demo runs SmolLM2 for minutes; `debug=smoke` swaps in the tiny model, so it is as cheap as the rest.
 

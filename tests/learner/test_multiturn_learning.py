@@ -24,6 +24,7 @@ last sampled token), the same run gained only 0.33: under the margin.
 
 from __future__ import annotations
 
+import pytest
 import statistics
 
 import lightning.pytorch as L
@@ -36,6 +37,8 @@ from arlopti.learner.module import GRPOModule
 from arlopti.prompts.records import PromptRecord
 from arlopti.tasks.base import _TASKS, RewardResult, Task, register_task
 from arlopti.tasks.env.toy import letter_share
+
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
 
 STEPS = 30
 MARGIN = 0.5  # about 7.8 standard deviations of the control's 3-vs-3 difference (module docstring)

@@ -3,6 +3,8 @@ the sample completions of a multi-turn step in TensorBoard."""
 
 from __future__ import annotations
 
+import pytest
+
 import re
 from dataclasses import asdict
 
@@ -20,6 +22,9 @@ def test_runs_are_told_apart_by_the_first_columns():
     g = hparams_first(grpo)
     assert (g["algorithm"], g["alpha"], g["eta"]) == ("grpo", 0.0, 0.0) and "seed" not in g
     assert g["algorithm/lopti/enabled"] is False  # the full run config follows, flattened
+
+
+@pytest.mark.process
 
 
 def test_tensorboards_sample_completions_mark_the_environments_parts(tmp_path, tiny_tokenizer):

@@ -3,6 +3,7 @@ LoRA, and DAPO dynamic sampling (its extra rounds run the turn loop too). FSDP2 
 
 from __future__ import annotations
 
+import pytest
 import os
 import random
 import signal
@@ -20,6 +21,8 @@ from arlopti.tasks.env.loading import register_env
 from helpers.moved import assert_moved, snapshot
 from helpers.toy import ToyDataModule
 from helpers.turns import CountEnv, ScriptedEngine, eos_prone
+
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
 
 TRAINER = dict(accelerator="cpu", devices=1, logger=False, limit_val_batches=0, num_sanity_val_steps=0,
                use_distributed_sampler=False, enable_progress_bar=False, enable_model_summary=False)

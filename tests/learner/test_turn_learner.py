@@ -3,6 +3,7 @@ token method reads them, and one turn with an environment trains bit for bit as 
 
 from __future__ import annotations
 
+import pytest
 import lightning.pytorch as L
 import torch
 
@@ -14,6 +15,8 @@ from arlopti.learner.module import GRPOModule
 from arlopti.tasks.env.loading import register_env
 from helpers.toy import ToyDataModule
 from helpers.turns import CountEnv, NullEnv, ScriptedEngine
+
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
 
 TRAINER = dict(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
                limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False, enable_progress_bar=False,

@@ -195,6 +195,9 @@ def test_a_restart_that_fails_stops_the_run_as_lost_workers(tmp_path, monkeypatc
         pool.close()
 
 
+@pytest.mark.process
+
+
 def test_a_killed_supervisor_is_warned_about_and_its_group_stopped(tmp_path, caplog):
     """kill -9 of a spawned worker's supervisor alone: the trainer says so within seconds, naming the
     worker and the pid, and kills what is left of its process group (here a child of the supervisor)."""
@@ -231,6 +234,9 @@ def test_a_killed_supervisor_is_warned_about_and_its_group_stopped(tmp_path, cap
         worker.process = None
         pool.close()
         RolloutWorker.kill_group(supervisor.pid)
+
+
+@pytest.mark.process
 
 
 def test_a_fault_seen_before_the_watcher_looks_still_names_the_killed_supervisor(tmp_path, caplog, monkeypatch):

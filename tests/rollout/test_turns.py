@@ -39,6 +39,9 @@ def run(tok, env, say=counting, group=2, batch=None, sampling=SAMPLING, **rollou
     return groups, engine, loop
 
 
+@pytest.mark.process
+
+
 def test_the_trained_ids_are_the_sampled_ids_and_the_encoded_replies(tiny_tokenizer):
     tok = tiny_tokenizer
     groups, engine, _ = run(tok, CountEnv)
@@ -87,6 +90,9 @@ def test_drift_counts_the_span_between_the_first_and_the_last_difference():
     assert retokenization_drift(Refusing, Conversation([{"role": "user", "content": "x"}]), [1], [2, 3]) == (True, 3)
 
 
+@pytest.mark.process
+
+
 def test_the_retokenization_metric_re_renders_the_whole_conversation(tiny_tokenizer):
     """Turns spelled as the tokenizer encodes them re-render to the trained ids (prompt, turns, replies; a last
     turn cut at its limit too); one turn spelled otherwise differs over that turn only."""
@@ -109,6 +115,9 @@ def test_the_retokenization_metric_re_renders_the_whole_conversation(tiny_tokeni
     eos = [tok.eos_token_id]
     span = drift(char_ids(tok, "done") + eos, bpe_ids(tok, "done") + eos)
     assert span[0] and measured(odd) == {(1, span[1])}
+
+
+@pytest.mark.process
 
 
 def test_one_turn_with_an_environment_samples_the_single_turn_tokens(tiny_tokenizer):
@@ -143,6 +152,9 @@ def test_a_turn_ended_by_a_stop_string_is_continued_as_plain_text(tiny_tokenizer
     assert e.trainable == [1] * len(first) + [0] * len(reply) + [1] * 5
 
 
+@pytest.mark.process
+
+
 def test_the_hf_engine_s_turns_ended_by_a_stop_string_keep_one_log_prob_per_token(tiny_model, tiny_tokenizer):
     """The HF engine stops a row on a stop string while the others go on (generate() pads it); each turn's
     log-probs must stay one per kept token, or every later turn's are misaligned (docs/multi_turn.md's
@@ -162,6 +174,9 @@ def test_the_hf_engine_s_turns_ended_by_a_stop_string_keep_one_log_prob_per_toke
         assert all((lp == 0.0) != bool(m) for lp, m in zip(e.logprobs, e.trainable))  # 0.0 exactly on the replies
 
 
+@pytest.mark.process
+
+
 def test_a_reply_that_would_pass_the_episode_limit_is_rolled_back(tiny_tokenizer):
     tok = tiny_tokenizer
     (group, _), engine, _ = run(tok, CountEnv, max_episode_tokens=12)
@@ -172,6 +187,9 @@ def test_a_reply_that_would_pass_the_episode_limit_is_rolled_back(tiny_tokenizer
     assert len(engine.calls) == 1  # nothing ran on
 
 
+@pytest.mark.process
+
+
 def test_a_later_turn_is_cut_to_what_the_episode_has_left(tiny_tokenizer):
     tok = tiny_tokenizer
     long = lambda tok, ctx, seed: ("t" if turn_number(tok, ctx) == 0 else "u" * 30, False)  # noqa: E731
@@ -180,6 +198,9 @@ def test_a_later_turn_is_cut_to_what_the_episode_has_left(tiny_tokenizer):
     assert len(e.token_ids) == 24 and e.finish_reason == "length" and e.meta["turns"] == 2
     reply = e.trainable.count(0)
     assert engine.calls[1][2].max_new_tokens == 24 - 2 - reply < 16  # the episode's budget, not the turn's 16
+
+
+@pytest.mark.process
 
 
 def test_the_last_allowed_turn_ends_the_episode_and_says_so(tiny_tokenizer):
@@ -204,6 +225,9 @@ class Faulty(TextEnv):
             return "y" * 100_000, False, None
         time.sleep(3)
         return "late", False, None
+
+
+@pytest.mark.process
 
 
 def test_a_tool_that_raises_returns_too_much_or_hangs_gives_an_error_reply_and_is_counted(tiny_tokenizer):
@@ -297,6 +321,9 @@ def test_bad_settings_are_refused(tiny_tokenizer):
                 return "just text"
 
         run(tiny_tokenizer, Bad)
+
+
+@pytest.mark.process
 
 
 def test_validation_runs_the_episodes_too(tiny_tokenizer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+import pytest
 import torch
 
 from arlopti.config import RolloutConfig, ServerConfig
@@ -17,6 +18,8 @@ from arlopti.rollout.turns import build_turn_loop
 from arlopti.tasks.env.loading import register_env
 from helpers.turns import CountEnv, ScriptedEngine, eos_prone, turn_number
 from rollout.test_turns import batch_of
+
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
 
 SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=16, seed=5, logprobs=True)
 

@@ -21,6 +21,8 @@ from arlopti.tasks.env import EnvError
 from arlopti.tasks.env.loading import register_env
 from helpers.turns import TOOL_TEMPLATE, IncrementEnv, ScriptedEngine, turn_number
 
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
+
 
 @pytest.fixture(scope="module")
 def tool_tok():

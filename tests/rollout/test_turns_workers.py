@@ -76,6 +76,9 @@ def gone_within(pids, seconds: float = 30.0) -> bool:
 DIED = "error: EnvWorkerDied: Exiting.step: the episode's environment process exited with code 3 during the call"
 
 
+@pytest.mark.process
+
+
 def test_an_environment_exiting_in_round_two_fails_its_episodes_and_the_error_rule_decides(tiny_tokenizer, loops):
     tok = tiny_tokenizer
     lenient = loops(tok, Exiting, frac=1.0, max_episode_tokens=512)  # room for the error reply
@@ -101,6 +104,9 @@ def test_an_environment_exiting_in_round_two_fails_its_episodes_and_the_error_ru
         play(strict, tok, [{"crash": True}, {"crash": True}])
 
 
+@pytest.mark.process
+
+
 def test_every_episode_dying_stops_the_round_before_its_next_turn_is_generated(tiny_tokenizer, loops):
     tok = tiny_tokenizer
     loop = loops(tok, Exiting, frac=0.5)
@@ -108,6 +114,9 @@ def test_every_episode_dying_stops_the_round_before_its_next_turn_is_generated(t
     with pytest.raises(EnvError, match="step failed on 4 of its 4 calls"):
         play(loop, tok, [{"crash": True}, {"crash": True}], engine=engine)
     assert len(engine.calls) == 1  # turn 0 only: the rule was certain as the deaths came in
+
+
+@pytest.mark.process
 
 
 def test_a_hung_step_costs_one_timeout_a_round_its_calls_running_at_once(tiny_tokenizer, loops, tmp_path):
@@ -123,6 +132,9 @@ def test_a_hung_step_costs_one_timeout_a_round_its_calls_running_at_once(tiny_to
     assert loop.calls.recent[-1].timeouts == 4 and loop.calls.runner.stats["timeouts"] == 4
     pids = [int(p.stem) for p in tmp_path.glob("*.started")]
     assert len(pids) == 4 and gone_within(pids)  # each killed at its deadline, not abandoned
+
+
+@pytest.mark.process
 
 
 def test_the_episodes_are_those_of_in_process_calls_and_repeat(tiny_tokenizer, loops):
@@ -142,6 +154,9 @@ def test_the_episodes_are_those_of_in_process_calls_and_repeat(tiny_tokenizer, l
     assert len({tuple(p) for *_, p in got}) == 2  # the three episodes of a prompt share their first message
 
 
+@pytest.mark.process
+
+
 def test_trl_get_reward_nan_or_inf_stops_the_run_naming_the_environment():
     from arlopti.models.loading import build_tiny_tokenizer
 
@@ -157,6 +172,9 @@ def test_trl_get_reward_nan_or_inf_stops_the_run_naming_the_environment():
                 play(loop, tok, [{"reward": bad}], say=lambda tok, ctx, seed: ("done", False))
     finally:
         loop.close()
+
+
+@pytest.mark.process
 
 
 def test_a_step_may_return_reply_and_done_and_other_shapes_are_still_refused(tiny_tokenizer, loops):
@@ -188,6 +206,9 @@ def test_a_class_no_worker_can_import_runs_in_the_trainer_s_process_and_says_so(
            "runs in the trainer's process" in caplog.text
     groups, _ = play(loop, tiny_tokenizer, [{}])
     assert groups[0][0].meta["env_reward"] == 1.0
+
+
+@pytest.mark.process
 
 
 def test_a_worker_that_cannot_import_a_passed_class_falls_back_to_the_trainer_s_process(tiny_tokenizer, caplog,

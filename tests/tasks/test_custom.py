@@ -82,6 +82,9 @@ def test_parse_value_rules():
             parse_value(bad, 0.0)
 
 
+@pytest.mark.process
+
+
 def test_raise_and_hang_score_zero_and_are_counted(rewards, caplog):
     task = CustomTask(reward_fn=f"{rewards}:score", timeout_s=0.5, batch_budget_s=None, num_workers=2)
     try:
@@ -103,6 +106,9 @@ def test_raise_and_hang_score_zero_and_are_counted(rewards, caplog):
     assert task._pool is None
 
 
+@pytest.mark.process
+
+
 def test_batch_budget_stops_hanging_calls(rewards):
     task = CustomTask(reward_fn=f"{rewards}:score", timeout_s=30, batch_budget_s=0.5, num_workers=1,
                       max_error_frac=None)
@@ -112,6 +118,9 @@ def test_batch_budget_stops_hanging_calls(rewards):
         task.close()
     assert [r.reward for r in out] == [0.0, 0.0, 0.0]  # the budget ran out before the third was checked
     assert [r.components["timeout"] for r in out] == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.process
 
 
 def test_batch_function(rewards):
@@ -127,6 +136,9 @@ def test_batch_function(rewards):
             short.score(["1", "2"], ["1", "2"], [{}, {}])
     finally:
         short.close()
+
+
+@pytest.mark.process
 
 
 def test_import_path_spec_uses_the_current_directory(tmp_path, monkeypatch):
@@ -160,6 +172,9 @@ def test_bad_reward_path_is_a_config_error_naming_path_and_cause(spec, words, re
         assert w in str(err.value)
 
 
+@pytest.mark.process
+
+
 def test_non_number_is_a_config_error_naming_function_and_type(rewards):
     task = CustomTask(reward_fn=f"{rewards}:text", num_workers=1)
     try:
@@ -167,6 +182,9 @@ def test_non_number_is_a_config_error_naming_function_and_type(rewards):
             task.score(["x"], ["y"], [{}])
     finally:
         task.close()
+
+
+@pytest.mark.process
 
 
 def test_wrong_type_after_valid_values_is_counted_not_fatal(rewards):
@@ -177,6 +195,9 @@ def test_wrong_type_after_valid_values_is_counted_not_fatal(rewards):
     finally:
         task.close()
     assert out[0].reward == 0.0 and out[0].components["error"] == 1.0 and task.stats["bad_type"] == 1
+
+
+@pytest.mark.process
 
 
 def test_worker_load_error_carries_the_workers_message():
@@ -221,6 +242,9 @@ def test_start_up_errors_name_the_reward_path_and_the_missing_task(tmp_path):
     cfg = compose_train(data, tmp_path)  # data=prompts scores with task=custom, which is not configured
     with pytest.raises(ConfigError, match="task.reward_fn is not set"):
         build(cfg)
+
+
+@pytest.mark.process
 
 
 def test_training_run_finishes_with_a_reward_that_raises_and_hangs(rewards, tmp_path, caplog):
@@ -268,6 +292,9 @@ def several(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.process
+
+
 def test_several_functions_weighted_sum_components_and_errors(several):
     task = CustomTask(reward_fns=[f"{several}:exact", f"{several}:length"], reward_weights=[2.0, 0.5],
                       num_workers=1, max_error_frac=None)
@@ -282,6 +309,9 @@ def test_several_functions_weighted_sum_components_and_errors(several):
     assert [r.components["error"] for r in out] == [0.0, 0.0, 1.0]
     assert [r.correct for r in out] == [True, False, True]  # from exact's own "correct"
     assert (task.stats["error:length"], task.stats["error:exact"], task.stats["error"]) == (1, 0, 1)
+
+
+@pytest.mark.process
 
 
 def test_builtin_math_reward_combines_with_a_users(several):
@@ -306,6 +336,9 @@ def test_weights_and_lists_are_checked(several):
             CustomTask(**kwargs)
 
 
+@pytest.mark.process
+
+
 def test_a_function_that_always_fails_stops_naming_it_the_setting_and_the_traceback(several, caplog):
     from arlopti.tasks.custom import RewardFailureError
 
@@ -320,6 +353,9 @@ def test_a_function_that_always_fails_stops_naming_it_the_setting_and_the_traceb
     assert "always_fails failed on 2 of 2 responses" in text and "task.max_error_frac=0.5" in text
     assert "\n" not in text and "First error (its traceback is logged above): TypeError: unsupported operand" in text
     assert caplog.text.count('several.py", line') == 1  # the traceback is shown once: in the log, before the error
+
+
+@pytest.mark.process
 
 
 def test_failures_below_the_limit_over_the_window_do_not_stop(several):

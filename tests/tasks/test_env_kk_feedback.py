@@ -92,6 +92,9 @@ def test_a_row_without_the_puzzle_is_refused_with_the_fix():
         KKFeedbackEnv().reset(broken)
 
 
+@pytest.mark.process
+
+
 def test_episodes_on_official_prompts_end_on_the_corrected_answer(tiny_tokenizer):
     """Turn 0 gives a wrong answer, the environment names a violated statement, turn 1 gives the solution
     (or, for half the samples, the same wrong answer): the official scorer gives 3 or -0.5 to the final turn."""

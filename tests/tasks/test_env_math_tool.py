@@ -58,6 +58,9 @@ def test_the_reply_opens_or_continues_the_output_block():
     assert output_reply(block("pass"), "") == "```output\n```\n"
 
 
+@pytest.mark.process
+
+
 def test_text_env_runs_the_code_and_ends_on_the_answer():
     env = MathToolEnv()
     assert is_text_env(MathToolEnv) and env.reset({"ground_truth": "42"}) == INSTRUCTION
@@ -69,6 +72,9 @@ def test_text_env_runs_the_code_and_ends_on_the_answer():
     assert env.runs == ["ok", "error"]
 
 
+@pytest.mark.process
+
+
 def test_text_env_limits_are_a_class_attribute():
     class Quick(MathToolEnv):
         limits = PythonLimits(cpu_s=1, wall_s=1)
@@ -77,6 +83,9 @@ def test_text_env_limits_are_a_class_attribute():
     env.reset({})
     reply, done, _ = env.step(block("while True:\n    pass"))
     assert not done and "TimeoutError: the code was stopped after 1 s" in reply and env.runs == ["timeout"]
+
+
+@pytest.mark.process
 
 
 def test_trl_tool_schema_and_calls():
@@ -108,6 +117,7 @@ def _gold_in(tok, ctx, problems) -> str:
 
 
 @pytest.mark.parametrize("rel", ["math/dsr_uniform_train_10k.jsonl.gz", "math/math500.jsonl", "math/aime2024.jsonl"])
+@pytest.mark.process
 def test_text_episode_on_real_problems_is_graded_by_the_official_grader(tiny_tokenizer, rel):
     tok = tiny_tokenizer
     problems = _problems(rel, 2)
@@ -139,6 +149,9 @@ def test_text_episode_on_real_problems_is_graded_by_the_official_grader(tiny_tok
             assert all((r.reward == 1.0) == ("wrong" not in e.text) for r, e in zip(results, group))
     finally:
         task.close()
+
+
+@pytest.mark.process
 
 
 def test_trl_episode_calls_the_python_tool(tiny_tokenizer):

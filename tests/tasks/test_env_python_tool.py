@@ -17,6 +17,9 @@ pytestmark = pytest.mark.timeout(60)
 FAST = PythonLimits(cpu_s=1, wall_s=2, memory_mb=512, max_output_bytes=4096)
 
 
+@pytest.mark.process
+
+
 def test_output_last_expression_and_no_state_between_runs():
     r = run_python("x = 6\nprint('x is', x)\nx * 7", FAST)
     assert (r.status, r.exit_code, r.reply()) == ("ok", 0, "x is 6\n42\n")
@@ -24,6 +27,9 @@ def test_output_last_expression_and_no_state_between_runs():
     assert again.status == "error" and "NameError: name 'x' is not defined" in again.reply()
     assert run_python("None", FAST).output == ""  # a None value is not echoed, as in a notebook
     assert run_python("1 + 1", FAST, echo_last=False).output == ""
+
+
+@pytest.mark.process
 
 
 def test_an_exception_or_a_syntax_error_is_the_reply():
@@ -38,12 +44,16 @@ def test_an_exception_or_a_syntax_error_is_the_reply():
 @pytest.mark.parametrize("code", ["while True:\n    pass", "import time\ntime.sleep(600)",
                                   "import os, time\nos.close(1)\nos.close(2)\ntime.sleep(600)"],
                          ids=["busy_loop", "sleeping_loop", "closed_stdout"])
+@pytest.mark.process
 def test_an_infinite_loop_is_stopped(code):
     r = run_python(f"print('started')\n{code}", PythonLimits(cpu_s=1, wall_s=1))
     assert r.status == "timeout" and r.timed_out
     assert "TimeoutError: the code was stopped" in r.reply()
     if "close" not in code:
         assert r.reply().startswith("started\n")  # unbuffered: what it printed before is kept
+
+
+@pytest.mark.process
 
 
 def test_new_processes_run_inside_and_signals_reach_only_the_sandbox():
@@ -58,6 +68,7 @@ def test_new_processes_run_inside_and_signals_reach_only_the_sandbox():
 @pytest.mark.parametrize("code", ["x = bytearray(64 * 2**30)",
                                   "chunks = []\nwhile True:\n    chunks.append(bytearray(10**7))"],
                          ids=["one_block", "growing"])
+@pytest.mark.process
 def test_a_memory_hog_gets_a_memory_error(code):
     r = run_python(code, PythonLimits(cpu_s=2, wall_s=4, memory_mb=256))
     assert r.status == "memory" and "MemoryError" in r.output and "(memory limit: 256 MB)" in r.reply()
@@ -65,10 +76,14 @@ def test_a_memory_hog_gets_a_memory_error(code):
 
 @pytest.mark.parametrize("code", ["print('x' * 100_000_000)", "for _ in range(10**6):\n    print('y' * 100)"],
                          ids=["one_print", "many_prints"])
+@pytest.mark.process
 def test_a_100_mb_print_is_cut_at_the_output_limit(code):
     r = run_python(code, FAST)
     assert r.status == "output_limit" and len(r.output.encode()) <= FAST.max_output_bytes
     assert r.reply().endswith("[output truncated: more than 4096 bytes; the code was stopped]")
+
+
+@pytest.mark.process
 
 
 def test_a_large_file_is_refused_by_the_file_size_limit():
@@ -98,6 +113,7 @@ WRITES = {
 
 
 @pytest.mark.parametrize("name", sorted(WRITES))
+@pytest.mark.process
 def test_a_write_outside_its_directory_fails(outside, name):
     r = run_python(WRITES[name].format(d=outside), FAST)
     if name == "parent_dir":  # lands in the sandbox's private /tmp, gone with it
@@ -108,12 +124,18 @@ def test_a_write_outside_its_directory_fails(outside, name):
     assert (outside / "keep.txt").read_text() == "original"
 
 
+@pytest.mark.process
+
+
 def test_its_own_directory_is_writable_and_removed_afterwards():
     r = run_python("import os\nopen('a.txt', 'w').write('hi')\nos.mkdir('sub')\nos.rename('a.txt', 'sub/b.txt')\n"
                    "print(open('sub/b.txt').read(), os.getcwd())", FAST)
     assert r.status == "ok", r.output
     text, workdir = r.output.split()
     assert text == "hi" and not os.path.exists(workdir)
+
+
+@pytest.mark.process
 
 
 def test_networking_reaches_nothing():
@@ -133,6 +155,9 @@ def test_networking_reaches_nothing():
             listener.accept()  # nobody connected
 
 
+@pytest.mark.process
+
+
 def test_the_environment_is_stripped(monkeypatch):
     monkeypatch.setenv("ARLOPTI_TEST_SECRET", "hunter2")
     r = run_python("import os, sys\nprint(sorted(os.environ))\nprint(os.environ['HOME'] == os.getcwd())\n"
@@ -141,10 +166,16 @@ def test_the_environment_is_stripped(monkeypatch):
     assert r.output.splitlines()[1:] == ["True", "1 1"]
 
 
+@pytest.mark.process
+
+
 def test_packages_of_this_environment_import():
     r = run_python("import sympy\nx = sympy.symbols('x')\nsorted(sympy.solve(x**2 - 4, x))",
                    PythonLimits(cpu_s=5, wall_s=20))
     assert (r.status, r.output) == ("ok", "[-2, 2]\n")
+
+
+@pytest.mark.process
 
 
 def test_without_the_sandbox_the_limits_still_hold(tmp_path):

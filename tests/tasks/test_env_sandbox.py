@@ -36,6 +36,9 @@ def test_missing_bwrap_is_refused_naming_the_install(fresh_check, monkeypatch, t
         run_python("print(1)")
 
 
+@pytest.mark.process
+
+
 def test_user_namespaces_off_is_refused_naming_the_sysctl(fresh_check, monkeypatch, tmp_path):
     fake = tmp_path / "bwrap"  # what bwrap prints where the kernel refuses a new user namespace
     fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
@@ -45,6 +48,9 @@ def test_user_namespaces_off_is_refused_naming_the_sysctl(fresh_check, monkeypat
         MathPythonTool()
     text = _one_line(err.value)
     assert "No permissions to create new namespace" in text and "unprivileged_userns_clone" in text
+
+
+@pytest.mark.process
 
 
 def test_root_without_a_pids_cgroup_is_refused(fresh_check, monkeypatch):
@@ -59,6 +65,9 @@ def test_the_check_is_a_config_error_for_the_commands_one_line_report():
     from arlopti.config import ConfigError
 
     assert issubclass(sandbox.SandboxUnavailable, ConfigError)
+
+
+@pytest.mark.process
 
 
 def test_the_opt_out_warns_once_and_runs_outside(fresh_check, monkeypatch, tmp_path, caplog):
@@ -87,6 +96,7 @@ def test_cgroups_of_its_own_per_run_and_none_left():
 
 @pytest.mark.skipif(os.geteuid() != 0 or sandbox._hierarchy("memory") is None,
                     reason="no writable memory cgroup here: the tree's memory is bounded by processes x RLIMIT_AS")
+@pytest.mark.process
 def test_forked_hogs_are_bounded_as_a_tree():
     """Six processes of 200 MB each stay under one process's 256 MB address space, and would hold 1.2 GB;
     the run's memory cgroup (256 + 256 MB) ends it as a memory error."""

@@ -20,7 +20,7 @@ import pytest
 from arlopti.tasks.env.math_tool import MathPythonTool, MathToolEnv
 from arlopti.tasks.env.python_tool import PythonLimits
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.process, pytest.mark.timeout(120)]
 LIMITS = PythonLimits(cpu_s=2, wall_s=5, memory_mb=512, max_output_bytes=8192)
 SECRET = "arlopti-test-secret-" + uuid.uuid4().hex
 

@@ -3,6 +3,8 @@ an episode through the turn loop with the tiny model's own tokenizer."""
 
 from __future__ import annotations
 
+import pytest
+
 from helpers.turns import ScriptedEngine
 
 from arlopti.config import RolloutConfig
@@ -30,6 +32,9 @@ def test_turns_and_rewards():
     assert env.step("zz ") == ("then ", False, 0.0)
     assert env.step("abcdefgh ") == (None, True, None)  # the third turn is the final answer, scored by the task
     assert env.reset({}) is None and env.step("a ")[1] is False  # reset starts over
+
+
+@pytest.mark.process
 
 
 def test_an_episode_continues_the_message_after_each_stopped_turn(tiny_tokenizer):

@@ -15,6 +15,8 @@ import pytest
 from arlopti.rollout.env_calls import EnvCall
 from arlopti.tasks.env.workers import EnvWorkerLoadError, EnvWorkers
 
+pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
+
 
 def alive(pid: int) -> bool:
     try:

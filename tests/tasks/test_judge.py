@@ -171,6 +171,9 @@ def _judge_file(tmp_path, server, **settings) -> str:
     return f"{path}:judge"
 
 
+@pytest.mark.process
+
+
 def test_the_custom_task_calls_it_in_a_worker_with_the_records_prompts(server, tmp_path):
     task = CustomTask(reward_fn=_judge_file(tmp_path, server, model="stand-in-judge"), num_workers=2)
     try:
@@ -181,6 +184,9 @@ def test_the_custom_task_calls_it_in_a_worker_with_the_records_prompts(server, t
     assert task.functions[0].trl and [r.reward for r in out] == [7.0, 2.0, 9.0]
     assert all("user: Who is a knight?" in r["messages"][-1]["content"] for r in StandIn.requests)
     assert [r.components["error"] for r in out] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.process
 
 
 def test_under_the_custom_task_a_bad_answer_is_an_error_and_stops_the_run(server, tmp_path, caplog):
@@ -231,6 +237,9 @@ def length(response, ground_truth, meta):
 def scalar(prompts, completions, **columns):
     return 1.0
 '''
+
+
+@pytest.mark.process
 
 
 def test_trl_convention_functions_get_lists_and_none_adds_nothing(tmp_path, caplog):

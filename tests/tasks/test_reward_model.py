@@ -114,6 +114,9 @@ def test_scores_equal_a_direct_forward_of_the_reward_model(rm_path):
     assert (name, device, dtype) == (str(rm_path), "cpu", torch.float32)
 
 
+@pytest.mark.process
+
+
 def test_it_is_the_last_entry_of_the_weighted_list(rm_path, tmp_path):
     (tmp_path / "rewards.py").write_text("def length(response, ground_truth, meta):\n    return len(response)\n")
     task = CustomTask(reward_fns=[f"{tmp_path}/rewards.py:length"], reward_model=str(rm_path),

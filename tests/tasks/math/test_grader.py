@@ -106,6 +106,9 @@ EQUIVALENCE_TABLE = [
 ]
 
 
+@pytest.mark.process
+
+
 def test_equivalence_table(grader):
     responses = [f"So the answer is \\boxed{{{pred}}}." for pred, _, _ in EQUIVALENCE_TABLE]
     details = grader.grade_detailed(responses, [gold for _, gold, _ in EQUIVALENCE_TABLE])
@@ -115,6 +118,9 @@ def test_equivalence_table(grader):
     # Both paths are exercised: some pairs need the symbolic worker, some only strings.
     hows = {d.how for d in details}
     assert {"string", "numeric", "symbolic", "mismatch"} <= hows
+
+
+@pytest.mark.process
 
 
 def test_detail_fields(grader):
@@ -135,6 +141,9 @@ def test_think_mode_official():
     assert g.pool is None  # string matches never start workers
 
 
+@pytest.mark.process
+
+
 def test_batch_dedup_and_lengths(grader):
     responses = ["\\boxed{-q+p}"] * 16 + ["\\boxed{p-q}"]
     before = grader.pool.stats["tasks"] if grader.pool else 0
@@ -149,11 +158,17 @@ def test_bad_gold_type_is_a_clear_error(grader):
         grader.grade_batch(["\\boxed{1}", "\\boxed{1}"], ["1", {"value": 1}])
 
 
+@pytest.mark.process
+
+
 def test_score_response_module_grader():
     assert score_response("The answer is \\boxed{142}.", 142.0, grader="math_verify") == 1.0
     assert score_response("The answer is \\boxed{141}.", 142.0, grader="math_verify") == 0.0
     d = score_response_detailed("\\boxed{x}", "y", grader="math_verify")
     assert (d.how, d.grader) == ("mismatch", "math_verify")
+
+
+@pytest.mark.process
 
 
 def test_math_task_registered_and_scores():
@@ -170,6 +185,9 @@ def test_math_task_registered_and_scores():
         {"boxed": 1.0, "timeout": 0.0, "budget": 0.0, "grader_official": 0.0},
         {"boxed": 0.0, "timeout": 0.0, "budget": 0.0, "grader_official": 0.0},
         {"boxed": 1.0, "timeout": 1.0, "budget": 0.0, "grader_official": 0.0}]
+
+
+@pytest.mark.process
 
 
 def test_no_sympy_in_the_calling_process():
@@ -208,6 +226,7 @@ def test_gold_answers_are_accepted(grader, name):
 
 
 @pytest.mark.parametrize("name", list(BENCH_FILES))
+@pytest.mark.process
 def test_no_false_positives_against_other_golds(grader, name):
     items = _items(name)
     n = len(items)
@@ -253,6 +272,7 @@ ADVERSARIAL = [
 
 
 @pytest.mark.parametrize("name, response, gold", ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL])
+@pytest.mark.process
 def test_adversarial_input_returns_in_time(grader, name, response, gold):
     grader.grade("\\boxed{\\sqrt8}", "2\\sqrt2")  # workers up: start-up is outside the bound
     start = time.monotonic()
@@ -264,6 +284,9 @@ def test_adversarial_input_returns_in_time(grader, name, response, gold):
         assert detail.reward == 1.0
     elif name != "bytes instead of text":
         assert detail.reward == 0.0, detail
+
+
+@pytest.mark.process
 
 
 def test_adversarial_batch_then_no_children_left():
@@ -289,6 +312,7 @@ BUDGET_BOMBS = {
 
 
 @pytest.mark.parametrize("grader", sorted(BUDGET_BOMBS))
+@pytest.mark.process
 def test_batch_budget_caps_a_whole_batch(grader):
     g = MathGrader(num_workers=2, timeout_s=30, batch_budget_s=1.0, grader=grader)
     bomb, gold = BUDGET_BOMBS[grader]
@@ -303,6 +327,9 @@ def test_batch_budget_caps_a_whole_batch(grader):
     assert [d.how for d in details] == ["budget"] * 4 + ["string"]  # cut off by the budget, not their own timeout
     assert elapsed < 1.0 + 1, elapsed
     assert our_children(pool.spawned_pids) == []
+
+
+@pytest.mark.process
 
 
 def test_math_task_has_a_batch_budget(caplog):

@@ -167,6 +167,9 @@ def test_table_is_large_and_covers_every_kind():
     assert {kind for kind, *_ in TABLE} == KINDS
 
 
+@pytest.mark.process
+
+
 def test_official_table(official_grader):
     details = official_grader.grade_detailed([r for _, r, _, _ in TABLE], [g for _, _, g, _ in TABLE])
     wrong = [(kind, resp, gold, expected, d.how, d.extracted)
@@ -182,6 +185,9 @@ def test_official_table(official_grader):
 # second </think>), so on this deliberately adversarial table it agrees on well under 100%.
 # Measured with math-verify 0.9: 73/101 = 0.723; the bound leaves room for version changes.
 AGREEMENT_BOUNDS = (0.65, 0.95)
+
+
+@pytest.mark.process
 
 
 def test_math_verify_agreement_rate(official_grader):
@@ -211,6 +217,9 @@ def test_unknown_grader_is_a_clear_error():
     assert GRADERS == ("official", "math_verify")
 
 
+@pytest.mark.process
+
+
 def test_defaults_are_official():
     assert MathGrader().grader == "official" and MathGrader().think_mode == "official"
     assert MathGrader(grader="math_verify").think_mode == "after_first"
@@ -218,6 +227,9 @@ def test_defaults_are_official():
     assert score_response("\\boxed{2/4}", "\\frac{1}{2}", grader="math_verify") == 1.0
     d = score_response_detailed("\\boxed{6/8}", "\\frac{3}{4}")
     assert (d.reward, d.how, d.grader) == (0.0, "mismatch", "official")
+
+
+@pytest.mark.process
 
 
 def test_math_task_records_the_grader():
@@ -232,6 +244,9 @@ def test_math_task_records_the_grader():
         {"boxed": 1.0, "timeout": 0.0, "budget": 0.0, "grader_official": 1.0},
         {"boxed": 0.0, "timeout": 0.0, "budget": 0.0, "grader_official": 1.0},
         {"boxed": 1.0, "timeout": 0.0, "budget": 0.0, "grader_official": 1.0}]
+
+
+@pytest.mark.process
 
 
 def test_detail_fields(official_grader):
@@ -321,12 +336,18 @@ def test_plain_int_shortcut():
     assert official.plain_int_verdict("٣", "3") is None
 
 
+@pytest.mark.process
+
+
 def test_no_sympy_in_the_calling_process():
     code = ("import sys; from arlopti.tasks.math import score_response, close_default_grader;"
             "r = score_response('\\\\boxed{\\\\frac{\\\\sqrt{8}}{2}}', '\\\\sqrt2'); close_default_grader();"
             "print(r, 'sympy' in sys.modules, 'pylatexenc' in sys.modules, 'math_verify' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["1.0", "False", "False", "False"], out.stderr[-2000:]
+
+
+@pytest.mark.process
 
 
 def test_worker_modules():
@@ -363,6 +384,7 @@ def _need_fixture(rel: str):
 
 
 @pytest.mark.parametrize("name", list(BENCHMARKS))
+@pytest.mark.process
 def test_benchmark_golds_accepted_and_no_false_positives(official_grader, name):
     from arlopti.tasks.math.benchmarks import load_benchmark
 
@@ -407,6 +429,7 @@ ADVERSARIAL = [
 
 
 @pytest.mark.parametrize("name, response, gold, how", ADVERSARIAL, ids=[a[0] for a in ADVERSARIAL])
+@pytest.mark.process
 def test_adversarial_input_returns_in_time(official_grader, name, response, gold, how):
     official_grader.grade("\\boxed{2\\sqrt{2}}", "\\sqrt8")  # workers up: start-up is outside the bound
     start = time.monotonic()
@@ -417,6 +440,9 @@ def test_adversarial_input_returns_in_time(official_grader, name, response, gold
     assert detail.reward == expected_reward, detail
     if how is not None:
         assert detail.how == how, detail
+
+
+@pytest.mark.process
 
 
 def test_long_expression_without_the_size_guard_is_still_bounded():
@@ -433,6 +459,9 @@ def test_long_expression_without_the_size_guard_is_still_bounded():
     assert all(d.reward in (0.0, 1.0) for d in details)
     assert details[1].reward == 0.0
     assert our_children(pool.spawned_pids) == []
+
+
+@pytest.mark.process
 
 
 def test_adversarial_batch_then_no_children_left():

@@ -44,10 +44,16 @@ def pool():
     assert _our_children(p.spawned_pids) == []
 
 
+@pytest.mark.process
+
+
 def test_results_and_order(pool):
     out = pool.run([("test.echo", (i,)) for i in range(20)], timeout_s=5)
     assert [o.status for o in out] == ["ok"] * 20
     assert [o.value for o in out] == list(range(20))
+
+
+@pytest.mark.process
 
 
 def test_timeout_kills_and_replaces(pool):
@@ -61,6 +67,9 @@ def test_timeout_kills_and_replaces(pool):
     assert [p for p, _ in _our_children(pool.spawned_pids) if p not in pool.pids] == []
 
 
+@pytest.mark.process
+
+
 def test_c_level_hang_is_killed_within_the_bound(pool):
     pool.start()
     start = time.monotonic()
@@ -68,6 +77,9 @@ def test_c_level_hang_is_killed_within_the_bound(pool):
     elapsed = time.monotonic() - start
     assert out[0].status == "timeout"
     assert elapsed < 0.5 + 1, elapsed  # the no-hang contract, not a speed check
+
+
+@pytest.mark.process
 
 
 def test_budget_bounds_the_whole_call(pool):
@@ -79,11 +91,17 @@ def test_budget_bounds_the_whole_call(pool):
     assert elapsed < 0.5 + 1, elapsed
 
 
+@pytest.mark.process
+
+
 def test_crash_is_retried_once_then_reported(pool):
     out = pool.run([("test.exit", (3,)), ("test.echo", (1,))], timeout_s=5)
     assert out[0].status == "error" and "exit code 3" in out[0].error
     assert out[1].value == 1
     assert pool.stats["crashed"] == 2  # the first try and its retry
+
+
+@pytest.mark.process
 
 
 def test_worker_exception_is_an_error_not_a_crash(pool):
@@ -101,6 +119,9 @@ def test_unknown_function_and_closed_pool():
         p.run([("test.echo", (1,))], timeout_s=1)
 
 
+@pytest.mark.process
+
+
 def test_retirement_after_max_tasks():
     p = WorkerPool(1, preload_symbolic=False, max_tasks_per_worker=3)
     try:
@@ -112,6 +133,7 @@ def test_retirement_after_max_tasks():
     assert _our_children(p.spawned_pids) == []
 
 
+@pytest.mark.process
 def test_workers_that_cannot_start_raise_a_clear_error():
     p = WorkerPool(1, memory_limit_mb=1)  # 1 MiB address space: the worker dies while importing
     try:
@@ -120,6 +142,9 @@ def test_workers_that_cannot_start_raise_a_clear_error():
     finally:
         p.close()
     assert _our_children(p.spawned_pids) == []
+
+
+@pytest.mark.process
 
 
 def test_many_timeouts_leave_no_zombies():
@@ -135,6 +160,9 @@ def test_many_timeouts_leave_no_zombies():
     assert p.stats["killed_timeout"] == 100
     assert _our_children(p.spawned_pids) == []
     assert _alive(p.spawned_pids) == []
+
+
+@pytest.mark.process
 
 
 def test_workers_die_with_their_parent():
