@@ -30,3 +30,15 @@ def test_record_from_a_summary_by_hand():
     assert "| train reward (3 correct, −3 no format) | −1.94 | −0.23 |" in table
     assert "| accuracy (mean; 2 / 3 people) | 0.062 (0.125 / 0.000) | 0.125 (0.250 / 0.000) |" in table
     assert "| **validation, greedy** | before GRPO | after 8 steps |" in table
+
+
+def test_the_time_line_names_the_phases_and_the_machine_and_scales_the_total():
+    rec = {"phase_seconds": {"start_up": 20.0, "cold_start": 60.0, "evaluations": 30.0, "rollout": 90.0,
+                             "update": 100.0, "other": 10.0, "total": 310.0},
+           "machine": {"cpu": "AMD EPYC", "cores": 2, "gemm_fp32_gflops": 90.0}}
+    from arlopti.entry.demo_record import time_line
+
+    line = time_line(rec)
+    assert "start-up 20 s, cold start 60 s, 2 greedy evaluations 30 s, rollout 90 s, update 100 s, other 10 s" in line
+    assert "fp32 GEMM 90 GFLOP/s; scaled to 180 GFLOP/s the run takes 2.6 min." in line  # 310 s x 90 / 180
+    assert time_line({}) == ""

@@ -38,7 +38,26 @@ def record_from_summary(summary: dict, wall: str | None = None) -> dict:
             "rollout_steps": summary.get("rollout_steps"), "optimizer_steps": summary.get("optimizer_steps"),
             "train_first": {k: float(summary["start"][k]) for k in TRAIN_KEYS if k in summary.get("start", {})},
             "train_last": {k: float(summary["end"][k]) for k in TRAIN_KEYS if k in summary.get("end", {})},
-            "val": val}
+            "val": val, "phase_seconds": summary.get("phase_seconds"), "machine": summary.get("machine")}
+
+
+#: The machine class the demo's time goal is stated for (issue 43: <= 5 min of train.py at this fp32 GEMM rate).
+REFERENCE_GFLOPS = 180.0
+
+
+def time_line(rec: dict) -> str:
+    """Where the recorded run's time went and on what machine, with its total scaled to the reference
+    GEMM rate (:data:`REFERENCE_GFLOPS`): ``total x own rate / reference``. Empty for an older record."""
+    phases, mach = rec.get("phase_seconds"), rec.get("machine")
+    if not phases or not mach or phases.get("total") is None:
+        return ""
+    names = (("start_up", "start-up"), ("cold_start", "cold start"), ("evaluations", "2 greedy evaluations"),
+             ("rollout", "rollout"), ("update", "update"), ("other", "other"))
+    parts = ", ".join(f"{label} {phases[k]:.0f} s" for k, label in names if phases.get(k) is not None)
+    scaled = phases["total"] * mach["gemm_fp32_gflops"] / REFERENCE_GFLOPS
+    return (f" Where it went: {parts}. Machine: {mach['cpu']}, {mach['cores']} cores, fp32 GEMM "
+            f"{mach['gemm_fp32_gflops']:.0f} GFLOP/s; scaled to {REFERENCE_GFLOPS:.0f} GFLOP/s the run takes "
+            f"{scaled / 60:.1f} min.")
 
 
 def _n(v: float, digits: int = 2) -> str:
@@ -65,7 +84,7 @@ def render_table(rec: dict) -> str:
             f"| accuracy (mean; {per_set} people) | {accs(b)} | {accs(a)} |"]
     tail = (f"\n\n`{rec['command']}` ran {rec['rollout_steps']} rollout steps and {rec['optimizer_steps']} optimizer "
             "steps" + (f" in {rec['wall']} (wall time of train.py alone, the venv already installed)"
-                                 if rec.get("wall") else "") + ".")
+                                 if rec.get("wall") else "") + "." + time_line(rec))
     return "\n".join(rows) + tail
 
 
