@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Issue 35's study in the paper's setting at CPU scale (SmolLM2-135M-Instruct on K&K after the demo's
 # cold start), all of it in one job: the mechanism, the learning pilot, then the report
-# (src/arlopti/analysis/study_kk*.py; docs/results.md, "The paper's setting at CPU scale").
+# (src/arlopti/study/kk*.py; docs/results.md, "The paper's setting at CPU scale").
 #
-#   flock /tmp/arlopti-cpu.lock bash benchmarks/run_kk_study.sh [OUT]      # OUT: /work/study_out/kk
+#   bash benchmarks/run_kk_study.sh [OUT]      # OUT: logs/study/kk, inside the run tree (= arlopti study's default)
+#
+# (on a shared machine, under its CPU lock: flock <lock file> bash benchmarks/run_kk_study.sh)
 #
 # 1. mechanism: `study kk-mechanism`, one batch per call (batch b: sampling seed b, puzzles seed 4242 + b;
 #    2 K&K prompts of 2 and 3 people x 4 responses, <= 128 new tokens, T = 0.7), every method on each;
@@ -12,7 +14,8 @@
 #    greedy, on VAL_PER_N generated puzzles per N (the same for every run);
 # 3. report: `study kk-report` -> OUT/kk_tables.md, kk_study.json, kk_study.png.
 # A piece already in OUT (mechanism/batch<b>.json, pilot/<m>/seed<s>/pilot_run.json, both written last)
-# is not run again, so a second call finishes a cut-short job; delete OUT to start over. A failed piece
+# is not run again (the study itself skips it), so a second call finishes a cut-short job; delete OUT to
+# start over. A failed piece
 # is logged and the job goes on (the report covers what finished; the exit status is then 1). Each
 # piece's wall time goes to OUT/timings.txt.
 # Sizes (environment; defaults = the sized study, estimated at 2 h 10 min on this 2-core CPU, docs/results.md):
@@ -21,7 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-OUT=${1:-/work/study_out/kk}
+OUT=${1:-logs/study/kk}
 PY=${PYTHON:-.venv/bin/python}
 BATCHES=${KK_BATCHES:-2}
 METHODS=${KK_METHODS:-grpo ar_lopti sapo ce_gppo}
@@ -44,19 +47,18 @@ piece() {  # piece NAME COMMAND...: run it, log its wall time; a failure is logg
 }
 
 for ((b = 0; b < BATCHES; b++)); do
-    [[ -f $OUT/mechanism/batch$b.json ]] && { echo "mechanism batch $b: done"; continue; }
-    piece "mechanism batch$b" "$PY" -m arlopti.analysis study kk-mechanism --out "$OUT" --first-batch "$b" \
+    [[ -f $OUT/mechanism/batch$b.json ]] && { echo "mechanism batch $b: done"; continue; }  # no interpreter start
+    piece "mechanism batch$b" "$PY" -m arlopti.study kk-mechanism --out "$OUT" --first-batch "$b" \
         --batches 1 --prompts 2 --group-size 4 --max-new-tokens 128 --temperature 0.7
 done
 for s in $SEEDS; do
     for m in $METHODS; do
         [[ -f $OUT/pilot/$m/seed$s/pilot_run.json ]] && { echo "pilot $m seed $s: done"; continue; }
-        rm -rf "$OUT/pilot/$m/seed$s"  # a cut-short attempt's files (its metrics.csv would mix in)
-        piece "pilot $m seed$s" "$PY" -m arlopti.analysis study kk-run --out "$OUT" --method "$m" --seed "$s" \
+        piece "pilot $m seed$s" "$PY" -m arlopti.study kk-run --out "$OUT" --method "$m" --seed "$s" \
             --val-per-n "$VAL_PER_N"
     done
 done
-piece report "$PY" -m arlopti.analysis study kk-report --out "$OUT"
+piece report "$PY" -m arlopti.study kk-report --out "$OUT"
 echo "total $SECONDS s" >> "$OUT/timings.txt"
 if ((${#FAILED[@]})); then
     echo "failed: ${FAILED[*]} (their output: OUT/pilot/<m>/seed<s>/{train,eval}.log; rerun to retry them)" >&2

@@ -11,8 +11,8 @@ TensorBoard):
 * ``word-categories``   Fig. 5: reasoning-word categories vs reward over a rollout dump;
 * ``dump``              sample a live batch and write it as a rollout dump (input of the others);
 * ``reproduce``         all of the above into one folder (``make reproduce``: ``--out docs/figures``);
-* ``study``             methods x seeds, both camps of the low-probability-token question (:mod:`.study`):
-  ``study toy`` (the tiny model), ``study kk-mechanism`` / ``kk-run`` / ``kk-report`` (SmolLM2 on K&K).
+* ``study``             the study's old name: ``python -m arlopti.analysis study <part> ...`` is
+  ``arlopti study <part> ...`` (:mod:`arlopti.study`), forwarded by name as the ``arlopti`` command does.
 
 Inputs: a live batch sampled from ``--model`` (default SmolLM2-135M-Instruct, offline) after
 ``--cold-start-steps`` SFT steps (cached), or ``--dump`` (a rollout dump with token arrays).
@@ -21,6 +21,7 @@ Inputs: a live batch sampled from ``--model`` (default SmolLM2-135M-Instruct, of
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import sys
@@ -33,6 +34,9 @@ from arlopti.analysis.commands import (cmd_compare_methods, cmd_dump, cmd_grad_n
 from arlopti.config.cli_report import run_command
 
 log = logging.getLogger("arlopti.analysis")
+
+#: The study, above this package: ``study ...`` is handed to it by name (it imports the analysis, not the reverse).
+STUDY = "arlopti.study.__main__"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,10 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     from arlopti.analysis.reproduce import add_reproduce_args
 
     add_reproduce_args(p)
-    p = sub.add_parser("study", help="methods x seeds on a task: curves, paired tables, mechanism (docs/results.md)")
-    from arlopti.analysis.study import add_study_args
-
-    add_study_args(p)
+    sub.add_parser("study", help="= arlopti study <part> (python -m arlopti.study): the seeded method study",
+                   add_help=False)
     return parser
 
 
@@ -86,11 +88,10 @@ COMMANDS = {"token-distribution": cmd_token_distribution, "grad-norms": cmd_grad
 
 
 def main(argv: list[str] | None = None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"]:  # the study's old command line: the study by name, as the arlopti command runs it
+        return importlib.import_module(STUDY).main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.command == "study":  # before anything runs, --threads included
-        from arlopti.analysis.study_checks import check_study_args
-
-        check_study_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -98,13 +99,6 @@ def main(argv: list[str] | None = None) -> dict:
         from arlopti.analysis.reproduce import reproduce
 
         return reproduce(args)
-    if args.command == "study":
-        from arlopti.analysis.study import cmd_study
-
-        result = cmd_study(args)
-        print(json.dumps({"command": f"study {args.study_command}", "files": result.get("files")}, indent=1,
-                         default=str))
-        return result
     result = COMMANDS[args.command](args)
     files = result.get("files", {"file": result.get("file")})
     print(json.dumps({"command": args.command, "files": files}, indent=1))

@@ -63,6 +63,23 @@ def compose(overrides: Sequence[str] = (), config_name: str = "train.yaml", conf
         return hydra_compose(config_name, overrides=list(overrides))
 
 
+def override_value(value, sep: str = ",") -> str:
+    """``value`` as a Hydra override writes it: ``null``, ``true`` / ``false``, ``[a<sep>b]`` for a list or a
+    tuple (its items likewise), anything else as ``str`` (a float's shortest round-trip form)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + sep.join(override_value(v, sep) for v in value) + "]"
+    return str(value)
+
+
+def quoted(text) -> str:
+    """``text`` (a path, any string) as a quoted Hydra override value: spaces, ``,`` and ``=`` are then safe."""
+    return "'" + str(text).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def run_job(task_function: Callable, overrides: Sequence[str], config_name: str = "train.yaml",
             job_name: str = "train", config_dir: str | Path | None = None) -> None:
     """Run ``task_function(cfg)`` as one Hydra job, exactly as ``@hydra.main`` would (run folder,
@@ -73,4 +90,4 @@ def run_job(task_function: Callable, overrides: Sequence[str], config_name: str 
         GlobalHydra.instance().hydra.run(config_name, task_function, list(overrides))
 
 
-__all__ = ["compose", "default_config_dir", "hydra_context", "prepare", "run_job"]
+__all__ = ["compose", "default_config_dir", "hydra_context", "override_value", "prepare", "quoted", "run_job"]

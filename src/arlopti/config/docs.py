@@ -11,17 +11,12 @@ import inspect
 import sys
 
 from arlopti.config import field_default, config_key, field_choices, schemas
+from arlopti.config.compose import override_value
 from arlopti.config.schema import EnvConfig
 
 
 def _yaml(value) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(_yaml(v) for v in value) + "]"
-    return str(value)
+    return override_value(value, ", ")
 
 
 def _cell(text: str) -> str:

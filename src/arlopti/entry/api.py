@@ -72,13 +72,9 @@ class RunInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def _quote(value: str) -> str:
-    """A Hydra override value as a quoted string (paths with spaces or ``,``)."""
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _reward_overrides(reward_fn, reward_weights, chosen: set[str]) -> list[str]:
     from arlopti.config import ConfigError
+    from arlopti.config.compose import quoted
     from arlopti.tasks.in_process import register_callable
 
     if reward_fn is None:
@@ -96,9 +92,9 @@ def _reward_overrides(reward_fn, reward_weights, chosen: set[str]) -> list[str]:
     specs = [register_callable(f) if callable(f) else str(f) for f in fns]
     out = ["task=custom"]
     if len(specs) == 1 and reward_weights is None:
-        out.append(f"task.reward_fn={_quote(specs[0])}")
+        out.append(f"task.reward_fn={quoted(specs[0])}")
     else:
-        out.append(f"task.reward_fns=[{','.join(_quote(s) for s in specs)}]")
+        out.append(f"task.reward_fns=[{','.join(quoted(s) for s in specs)}]")
     if reward_weights is not None:
         out.append(f"task.reward_weights=[{','.join(str(float(w)) for w in reward_weights)}]")
     return out
@@ -134,17 +130,19 @@ def build_overrides(overrides: Sequence[str] | None = None, reward_fn: Callable 
                     env: type | str | None = None) -> list[str]:
     """The Hydra overrides :func:`run` composes with: ``overrides`` then what the keywords add
     (module docstring); a group the caller already chose (``task=``, ``data=``) is kept."""
+    from arlopti.config.compose import quoted
+
     out = [str(o) for o in (overrides or [])]
     chosen = {o.split("=", 1)[0].lstrip("+~") for o in out if "=" in o}
     added = _reward_overrides(reward_fn, reward_weights, chosen)
     if env is not None:
         from arlopti.tasks.env.loading import register_env
 
-        added.append(f"task.env={_quote(env if isinstance(env, str) else register_env(env))}")
+        added.append(f"task.env={quoted(env if isinstance(env, str) else register_env(env))}")
     if train_data is not None:
         if "data" not in chosen:
             added.append("data=prompts")
-        added.append(f"data.train_file={_quote(data_file(train_data))}")
+        added.append(f"data.train_file={quoted(data_file(train_data))}")
     return out + [o for o in added if o.split("=", 1)[0] not in chosen or "." in o.split("=", 1)[0]]
 
 

@@ -26,14 +26,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("arlopti.checkpoints.export", "export a run's checkpoint as a Hugging Face model folder"),
     "serve": ("arlopti.rollout.serve", "start a rollout server worker (vLLM) for placement=server"),
     "analysis": ("arlopti.analysis.__main__", "the paper's figures and analyses from run folders"),
-    "study": ("arlopti.analysis.__main__", "the seeded method study (toy, K&K): = analysis study ..."),
+    "study": ("arlopti.study.__main__", "the seeded method study (toy, K&K) over training runs"),
     "prepare": ("arlopti.data.prepare", "prepare the K&K and math data files"),
     "preview": ("arlopti.data.preview", "show the prompts a data config produces"),
     "compare": ("arlopti.eval.compare", "compare evaluation results of several runs"),
     "demo-record": ("arlopti.entry.demo_record", "record a demo run's summary into README's table"),
 }
-#: Subcommands that are another's with a first argument put in front.
-_PREFIX = {"study": ["study"]}
 
 
 def usage() -> str:
@@ -93,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from arlopti.config.cli_report import run_command
 
     try:
-        return run_command(importlib.import_module(target).main, _PREFIX.get(name, []) + rest)
+        return run_command(importlib.import_module(target).main, rest)
     except SystemExit as done:  # argparse's --help and usage errors
         return _status(done)
 

@@ -6,6 +6,10 @@ A method ``m`` is the experiment ``configs/experiment/kk_<m>.yaml``; its
 the study runs what ``python train.py experiment=kk_<m>`` would train with. The study takes the
 algorithm only: the model, the sizes, the optimizer and the rollout are the study's own.
 
+Runs take a method as Hydra overrides (:func:`algorithm_overrides`: its ``algorithm`` node written as
+overrides of ``algorithm=grpo``), and :func:`check_run_algorithm` checks in the run's own composed config
+(``.hydra/config.yaml``) that the run trained exactly that algorithm.
+
 The default list (:func:`default_methods`): GRPO, AR, Lopti, AR + Lopti, then every other
 ``kk_<m>.yaml`` that sets one method on its own, in name order, so that a rival lands in the study
 as soon as its experiment file does. Left out by rule:
@@ -16,10 +20,13 @@ as soon as its experiment file does. Left out by rule:
 
 from __future__ import annotations
 
+import functools
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 from arlopti.config import AlgorithmConfig, from_dict
+from arlopti.config.compose import override_value
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +95,52 @@ def method_algorithms(methods: list[str], max_new_tokens: int, config_dir: str |
                       ) -> dict[str, AlgorithmConfig]:
     """:func:`method_algorithm` of each method, in order."""
     return {m: method_algorithm(m, max_new_tokens, config_dir) for m in methods}
+
+
+# ------------------------------------------------------------------------------------------ as overrides
+def flatten(d: dict, prefix: str = "") -> dict:
+    """``{"a.b": v}`` from ``{"a": {"b": v}}``."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def algorithm_fields(method: str, max_new_tokens: int, config_dir=None) -> tuple:
+    """``((dotted key, value), ...)``: the method's :func:`method_algorithm`, flattened; composed once per
+    process and arguments (a compose costs about a second)."""
+    return tuple(flatten(asdict(method_algorithm(method, max_new_tokens, config_dir))).items())
+
+
+def algorithm_overrides(method: str, max_new_tokens: int, config_dir=None) -> list[str]:
+    """``["algorithm=grpo", "algorithm.<key>=<value>", ...]``: the method's ``algorithm`` node as
+    overrides of GRPO's, every key where it differs except ``kl_coef`` (the run's own is kept)."""
+    base = dict(algorithm_fields("grpo", max_new_tokens, config_dir))
+    return ["algorithm=grpo"] + [f"algorithm.{k}={override_value(v)}" for k, v in
+                                 algorithm_fields(method, max_new_tokens, config_dir)
+                                 if k != "kl_coef" and base.get(k) != v]
+
+
+def run_algorithm(run_dir: Path) -> dict:
+    """The ``algorithm`` a run trained with, from its composed config (``<run_dir>/.hydra/config.yaml``)."""
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.load(Path(run_dir) / ".hydra" / "config.yaml")
+    return asdict(from_dict(AlgorithmConfig, OmegaConf.to_container(saved.algorithm, resolve=True), "algorithm"))
+
+
+def check_run_algorithm(run_dir: Path, method: str, max_new_tokens: int, config_dir=None,
+                        also: dict | None = None) -> None:
+    """Refuse a run whose composed ``algorithm`` is not the method's (``kl_coef`` aside; ``also``: keys
+    whose value the run itself set, e.g. ``{"kl_coef": 0.0}``)."""
+    got = flatten(run_algorithm(run_dir))
+    want = {**{k: v for k, v in algorithm_fields(method, max_new_tokens, config_dir) if k != "kl_coef"},
+            **(also or {})}
+    diff = sorted(k for k, v in want.items() if v != got.get(k))
+    if diff:
+        raise RuntimeError(f"{run_dir}: the run's algorithm differs from kk_{method}'s at {diff}")

@@ -3,20 +3,20 @@ per-run rewards, floats at 4 significant digits: the copy docs/figures/study/ ke
 and the three figures.
 
 Reads each run's ``steps.jsonl`` and each seed's ``mechanism/seed<s>.json`` back from the folder, so the
-report can be rebuilt from the files alone (tests/analysis/test_study.py checks it against the runs'
-``metrics.csv``, the learner's own log).
+report can be rebuilt from the files alone (tests/study/test_toy.py checks it against the runs'
+``csv/metrics.csv``, the learner's own log).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from arlopti.analysis.study_figures import plot_curves, plot_mechanism, plot_paired, save
-from arlopti.analysis.study_tables import (in_training_markdown, learning_markdown, mechanism_markdown,
+from arlopti.study.figures import plot_curves, plot_mechanism, plot_paired, save
+from arlopti.study.toy_run import read_rows
+from arlopti.study.tables import (in_training_markdown, learning_markdown, mechanism_markdown,
                                            mechanism_table, method_table, run_summary)
 
 
@@ -59,10 +59,6 @@ def _rounded(x):
     return x
 
 
-def read_rows(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
-
-
 def _caption(sizes, seeds: list[int], args) -> str:
     warm = f"warm start {sizes.warm_start_steps} SFT steps" if sizes.warm_start_steps else "no warm start"
     return (f"tiny model, first-half task, {warm}; {len(seeds)} seeds; {sizes.steps} rollout steps of "
@@ -81,7 +77,7 @@ def write_toy_report(out: Path, methods: list[str], seeds: list[int], sizes, arg
     files = {"curves": save(plot_curves(learning, caption), out / "curves.png"),
              "paired": save(plot_paired(learning, caption=caption), out / "paired.png"),
              "mechanism": save(plot_mechanism(learning, mechanism, caption), out / "mechanism.png")}
-    command = "python -m arlopti.analysis " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["study"] else None
+    command = getattr(args, "command_line", None)
     study = {"setting": "toy", "command": command, "caption": caption, "methods": methods, "seeds": seeds,
              "sizes": asdict(sizes), "threshold": args.threshold, "final_window": args.final_window,
              "learning": learning, "mechanism": mechanism,

@@ -1,6 +1,6 @@
 """``study kk-report``: the K&K mechanism over batches and the pilot's paired accuracy comparisons.
 
-Reads ``mechanism/batch<b>.json`` and ``pilot/<method>/seed<s>/`` (:mod:`.study_kk`) and writes
+Reads ``mechanism/batch<b>.json`` and ``pilot/<method>/seed<s>/`` (:mod:`.kk`) and writes
 ``kk_study.json``, ``kk_tables.md``, ``kk_mechanism.png`` and ``kk_pilot.png``:
 
 * mechanism: per method and bucket, each batch's number and their mean (few batches: no CI, the
@@ -150,7 +150,7 @@ def pilot_markdown(pilot: dict, baseline: str = "grpo") -> str:
 def plot_kk(mech: dict | None, pilot: dict | None):
     """Left: the top bucket's A > 0 'rose' fraction per method and batch (Fig. 3); middle: ‖g_b‖ by bucket
     (mean over batches); right: the pilot's train reward per step, one line per run."""
-    from arlopti.analysis.study_figures import bucket_bars, plt
+    from arlopti.study.figures import bucket_bars, plt
 
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
     if mech:
@@ -177,7 +177,7 @@ def plot_kk(mech: dict | None, pilot: dict | None):
 
 
 def kk_report(args) -> dict:
-    from arlopti.analysis.study_figures import save
+    from arlopti.study.figures import save
 
     out = Path(args.out)
     mech = mechanism_summary(out / "mechanism")

@@ -1,8 +1,8 @@
-"""``study toy`` end to end on the tiny model at minimal size; its tables against the runs' own logs.
+"""``arlopti study toy`` end to end on the tiny model at minimal size; its tables against the runs' own logs.
 
-The runs' own log is ``metrics.csv``, written by the learner through Lightning's CSV logger; the study's
-tables are built from its own recorder (``steps.jsonl``). Every number checked here is recomputed from
-the CSV files with code of this file, not with the study's.
+The runs are training runs (``arlopti.run``); their own log is ``csv/metrics.csv``, written by the learner
+through the CSV logger; the study's tables are built from its own recorder (``steps.jsonl``). Every number
+checked here is recomputed from the CSV files with code of this file, not with the study's.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ import statistics
 
 import pytest
 
-from arlopti.analysis.__main__ import main
+from arlopti.study.__main__ import main
 
 METHODS = ["grpo", "ar_lopti"]
 SEEDS, STEPS, THRESHOLD, WINDOW = 2, 3, 0.4, 2
 
 
 def _csv_rewards(folder) -> list[float]:
-    with open(folder / "metrics.csv", newline="") as f:
+    with open(folder / "csv" / "metrics.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     by_step = {int(r["step"]): float(r["reward/mean"]) for r in rows if r.get("reward/mean")}
     assert sorted(by_step) == list(range(1, STEPS + 1)) or sorted(by_step) == list(range(STEPS))
@@ -30,7 +30,7 @@ def _csv_rewards(folder) -> list[float]:
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("study")
-    main(["study", "toy", "--out", str(out), "--methods", ",".join(METHODS), "--seeds", str(SEEDS), "--steps",
+    main(["toy", "--out", str(out), "--methods", ",".join(METHODS), "--seeds", str(SEEDS), "--steps",
           str(STEPS), "--warm-start-steps", "4", "--threshold", str(THRESHOLD), "--final-window", str(WINDOW),
           "--workers", "1"])
     return out, json.loads((out / "study.json").read_text())
@@ -92,12 +92,12 @@ def test_the_mechanism_sees_the_runs_first_batch_and_warm_start(study):
 
 
 def test_finished_runs_are_recognised_and_reused(study):
-    """A second call with the same settings runs nothing again; other settings rerun."""
+    """A run with the same settings is reused; other settings rerun."""
     from dataclasses import replace
 
-    from arlopti.analysis.study import run_is_done
-    from arlopti.analysis.study_methods import method_algorithms
-    from arlopti.analysis.study_runs import ToySizes
+    from arlopti.study.methods import method_algorithms
+    from arlopti.study.toy import run_is_done
+    from arlopti.study.toy_run import ToySizes
 
     out, _ = study
     algos = method_algorithms(METHODS, 8)
@@ -107,26 +107,40 @@ def test_finished_runs_are_recognised_and_reused(study):
     assert not run_is_done(out / "runs" / "grpo" / "seed0", 1, algos["grpo"], sizes)
 
 
-def test_the_study_rollouts_are_the_training_loops(tiny_tokenizer, tmp_path, monkeypatch):
-    """The study's rollout callback gives the rewards the training loop's RolloutCallback gives."""
-    import arlopti.analysis.study_runs as runs
-    from arlopti.callbacks.rollout import RolloutCallback
-    from arlopti.config import AlgorithmConfig
+def test_the_runs_are_training_runs_of_the_methods_algorithm(study):
+    """Each run went through the training seam: Hydra's run folder with the composed config, the method's
+    algorithm in it (KL off), the study's two callbacks beside the rollout callback the run adds itself."""
+    from omegaconf import OmegaConf
 
-    sizes = runs.ToySizes(steps=2, warm_start_steps=2)
-    ours = runs.train_toy_run(AlgorithmConfig(), 5, tmp_path / "ours", sizes, tiny_tokenizer)
+    from arlopti.study.methods import method_algorithms
 
-    class Loop(RolloutCallback):
-        first_experience = None
+    out, _ = study
+    algos = method_algorithms(METHODS, 8)
+    for m in METHODS:
+        cfg = OmegaConf.load(out / "runs" / m / "seed1" / ".hydra" / "config.yaml")
+        assert cfg.algorithm.lopti.enabled == algos[m].lopti.enabled and cfg.algorithm.ar_alpha == algos[m].ar_alpha
+        assert cfg.algorithm.kl_coef == 0.0 and (cfg.seed, cfg.model.tiny.seed, cfg.rollout.seed) == (1, 1, 1)
+        assert sorted(cfg.callbacks) == ["study_steps", "study_warm_start"]
+        assert (out / "runs" / m / "seed1" / "train.log").is_file()
 
-    monkeypatch.setattr(runs, "StudyRollouts", lambda group_size: Loop(group_size=group_size))
-    theirs = runs.train_toy_run(AlgorithmConfig(), 5, tmp_path / "theirs", sizes, tiny_tokenizer)
-    assert [r["reward/mean"] for r in ours["rows"]] == [r["reward/mean"] for r in theirs["rows"]]
+
+def test_a_second_call_trains_only_what_is_missing_and_gives_the_same_tables(study):
+    """Resume: a run cut short (no run.json) is trained again, everything else is reused, and the rebuilt
+    tables are the same numbers (the run is reproducible from its seed)."""
+    out, first = study
+    (out / "runs" / "ar_lopti" / "seed1" / "run.json").unlink()
+    rows = (out / "runs" / "ar_lopti" / "seed1" / "steps.jsonl").read_text()
+    main(["toy", "--out", str(out), "--methods", ",".join(METHODS), "--seeds", str(SEEDS), "--steps",
+          str(STEPS), "--warm-start-steps", "4", "--threshold", str(THRESHOLD), "--final-window", str(WINDOW),
+          "--workers", "1"])
+    again = json.loads((out / "study.json").read_text())
+    assert len(again["timings_s"]["run_s"]) == 1 and again["timings_s"]["mechanism_s"] == []
+    assert (out / "runs" / "ar_lopti" / "seed1" / "steps.jsonl").read_text() == rows
+    assert again["learning"] == first["learning"] and again["mechanism"] == first["mechanism"]
 
 
 def test_methods_come_from_the_experiment_files():
-    from arlopti.analysis.study_kk import algorithm_overrides
-    from arlopti.analysis.study_methods import BASE_METHODS, default_methods, parse_methods
+    from arlopti.study.methods import BASE_METHODS, algorithm_overrides, default_methods, parse_methods
 
     methods = default_methods()
     assert tuple(methods[:4]) == BASE_METHODS and "tr_grpo" in methods
@@ -134,6 +148,7 @@ def test_methods_come_from_the_experiment_files():
     assert parse_methods("ar_lopti") == ["grpo", "ar_lopti"]
     with pytest.raises(ValueError, match="kk_<name>"):
         parse_methods("grpo,no_such_method")
-    assert algorithm_overrides("grpo") == ["algorithm=grpo"]
-    assert sorted(algorithm_overrides("ar_lopti")[1:]) == ["algorithm.ar_alpha=0.3", "algorithm.lopti.enabled=true"]
-    assert algorithm_overrides("archer")[1:] == ["algorithm.token_method.name=archer"]
+    assert algorithm_overrides("grpo", 128) == ["algorithm=grpo"]
+    assert sorted(algorithm_overrides("ar_lopti", 128)[1:]) == ["algorithm.ar_alpha=0.3",
+                                                                "algorithm.lopti.enabled=true"]
+    assert algorithm_overrides("archer", 128)[1:] == ["algorithm.token_method.name=archer"]

@@ -1,10 +1,10 @@
 """The study's first-step mechanism on the tiny model: ``compare-methods`` on each seed's first batch.
 
-For seed ``s``: the tiny model as every run of seed ``s`` starts (``model.tiny.seed = s``) and the
-batch every such run trains on at its first rollout step (the same prompts, the same rollout seed,
-the same weights: :func:`first_batch` rebuilds it through the same rollout source, and
-tests/analysis/test_study.py checks its mean reward against the runs' own step-0 log). On it,
-:func:`arlopti.analysis.compare_methods.compare_methods` measures each method's first update from
+For seed ``s``: the tiny model as every run of seed ``s`` starts (``model.tiny.seed = s``, then the seed's
+warm start from the study's cache) and the batch every such run trains on at its first rollout step: the
+one its GRPO run recorded (``runs/grpo/seed<s>/first_batch.pt``, :class:`arlopti.study.toy_run.StepRecorder`:
+the experience the training loop's rollout callback made, so the same prompts, samples and rewards). On
+it, :func:`arlopti.analysis.compare_methods.compare_methods` measures each method's first update from
 those weights: the multiplier c_t per bucket, the gradient-mass share Σ|c·A|(1 − p), the share of
 the first step's gradient ⟨g_b, g⟩/‖g‖², and after the update the Fig. 3 fractions and the mean Δp
 by sign of A. The optimizer is the runs' (AdamW at their learning rate, a fresh state, one step
@@ -19,9 +19,8 @@ the same are computed once. A method that ``compare-methods`` does not know is l
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
-from arlopti.analysis.study_runs import ToySizes, initial_weights, run_config
-from arlopti.analysis.study_task import TASK_NAME, FirstHalfData
 from arlopti.config import AlgorithmConfig, TokenMethodConfig
 
 #: What the study keeps of a compare-methods entry, each a dict per bucket.
@@ -29,33 +28,27 @@ MECHANISM_KEYS = ("effective_weight", "mass_share", "norm_share", "bucket_grad_n
                   "delta_p_pos_mean", "delta_p_neg_mean")
 
 
-def first_batch(seed: int, sizes: ToySizes, tokenizer, warm_cache=None):
-    """``(policy, AnalysisBatch)``: seed ``s``'s initial tiny model (warm-started as the runs are)
-    and its first rollout batch (module docstring), with GRPO advantages."""
+def first_batch(seed: int, sizes, tokenizer, run_folder: Path, warm_cache=None):
+    """``(policy, AnalysisBatch)``: seed ``s``'s initial tiny model (warm-started as the runs are) and the first
+    rollout batch its run recorded in ``run_folder`` (module docstring), with GRPO advantages."""
+    import torch
+
     from arlopti.algorithms import grpo_advantages
     from arlopti.analysis.inputs import AnalysisBatch
-    from arlopti.learner.experience import build_experience
+    from arlopti.config import ModelConfig, TinyModelConfig
     from arlopti.learner.policy import PolicyLM, disable_dropout
     from arlopti.models.loading import load_causal_lm
-    from arlopti.rollout.source import HFRollouts
-    from arlopti.tasks.base import get_task
+    from arlopti.study.toy_run import initial_weights
 
-    cfg = run_config(AlgorithmConfig(), seed, sizes)
-    model = load_causal_lm("tiny", tokenizer, dtype="float32", tiny=cfg.model.tiny)
+    cfg = ModelConfig(name_or_path="tiny", tiny=TinyModelConfig(seed=seed))  # model=tiny, as the runs load it
+    model = load_causal_lm(cfg.name_or_path, tokenizer, dtype="float32", tiny=cfg.tiny)
     disable_dropout(model)
-    policy = PolicyLM(model, cfg.model.logprob_impl)
-    initial_weights(policy, tokenizer, seed, sizes, warm_cache)
-    data = FirstHalfData(n=sizes.prompts, tokenizer=tokenizer, prompts_per_step=sizes.prompts_per_step,
-                         max_prompt_length=256, seed=seed)
-    data.setup("fit")
-    prompts = next(iter(data.train_dataloader()))
-    groups = HFRollouts.build(cfg.rollout, policy, tokenizer, sizes.group_size).collect(policy, 0, 0, prompts).groups
-    flat = [e for es in groups for e in es]
-    results = get_task(TASK_NAME).score([e.text for e in flat], [None] * len(flat), [{}] * len(flat))
-    exp = build_experience(prompts.prompt_ids, groups, results, pad_id=tokenizer.pad_token_id)
-    batch = AnalysisBatch(exp.input_ids, exp.attention_mask, exp.response_mask, exp.prompt_len, exp.rewards,
-                          exp.group_ids, grpo_advantages(exp.rewards, exp.group_ids), "grpo", sizes.temperature,
-                          exp.response_texts)
+    policy = PolicyLM(model, cfg.logprob_impl)
+    initial_weights(policy, tokenizer, seed, sizes.warm_start_steps, sizes.warm_start_lr, warm_cache)
+    b = torch.load(Path(run_folder) / "first_batch.pt", weights_only=False)
+    batch = AnalysisBatch(b["input_ids"], b["attention_mask"], b["response_mask"], b["prompt_len"], b["rewards"],
+                          b["group_ids"], grpo_advantages(b["rewards"], b["group_ids"]), "grpo", sizes.temperature,
+                          b["response_texts"])
     return policy, batch
 
 
@@ -85,12 +78,14 @@ def mechanism_entry(entry: dict) -> dict:
     return {k: entry[k] for k in MECHANISM_KEYS}
 
 
-def seed_mechanism(seed: int, algos: dict[str, AlgorithmConfig], sizes: ToySizes, tokenizer, warm_cache=None) -> dict:
+def seed_mechanism(seed: int, algos: dict[str, AlgorithmConfig], sizes, tokenizer, run_folder: Path,
+                   warm_cache=None) -> dict:
     """``{"batch", "tokens_per_bucket", "methods": {method: per-bucket numbers}, "not_measured"}`` of one
-    seed: one ``compare-methods`` call (:func:`shared_settings`) over the methods it knows."""
+    seed, on the first batch of the run in ``run_folder``: one ``compare-methods`` call
+    (:func:`shared_settings`) over the methods it knows."""
     from arlopti.analysis.compare_methods import METHODS, compare_methods
 
-    policy, batch = first_batch(seed, sizes, tokenizer, warm_cache)
+    policy, batch = first_batch(seed, sizes, tokenizer, run_folder, warm_cache)
     known = {m: a for m, a in algos.items() if m in METHODS}
     alpha, eta, token_cfg = shared_settings(known)
     r = compare_methods(policy, batch, tuple(known), alpha, eta, "adamw", sizes.lr,

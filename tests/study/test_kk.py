@@ -1,7 +1,7 @@
 """``study kk-mechanism``, ``kk-run`` and ``kk-report`` end to end on the tiny model at minimal size; the
 report's tables against the runs' own logs.
 
-The pilot's ``train.py`` and ``eval.py`` commands (:func:`arlopti.analysis.study_kk.train_command`,
+The pilot's ``train.py`` and ``eval.py`` commands (:func:`arlopti.study.kk.train_command`,
 ``eval_command``) run as written plus the tiny-size overrides (``train_extra`` / ``eval_extra``), in this
 process (:func:`_run_here`, as ``python <script> ...`` would) to save two interpreter starts per run.
 The tiny random model fails the K&K format everywhere (every reward -3, every advantage 0), so the
@@ -18,17 +18,14 @@ import csv
 import io
 import json
 import logging
-import runpy
 import statistics
-import sys
-import time
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
 
-from arlopti.analysis.__main__ import main
+from arlopti.study.__main__ import main
 from arlopti.tasks.base import RewardResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,54 +46,39 @@ def varied_score(self, responses, ground_truths, metas):
     return [RewardResult(3.0 if ok else -3.0, ok, {"format_ok": 1.0}) for ok in right]
 
 
-def _run_here(cmd: list[str], log_file: Path) -> float:
-    """``cmd`` = ``[python, script, *overrides]`` run in this process; Hydra's global state, its logging
-    set-up, ``sys.argv`` and torch's thread count are given back afterwards."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    root, argv, threads = logging.getLogger(), sys.argv, torch.get_num_threads()
+@contextlib.contextmanager
+def _logging_given_back():
+    """The root logger's handlers and level, and torch's thread count, as they were (each Hydra job the
+    study runs in this process configures logging for its run folder)."""
+    root, threads = logging.getLogger(), torch.get_num_threads()
     handlers, level = root.handlers[:], root.level
-    t0 = time.perf_counter()
-    sys.argv = [cmd[1], *cmd[2:]]
-    GlobalHydra.instance().clear()
     try:
-        with open(log_file, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(io.StringIO()):
-            runpy.run_path(str(REPO / cmd[1]), run_name="__main__")
-    except SystemExit as done:
-        assert not done.code, f"{cmd[1]} exited {done.code}: {log_file.read_text()[-2000:]}"
+        yield
     finally:
-        sys.argv = argv
-        GlobalHydra.instance().clear()
         for h in root.handlers:
             if h not in handlers:
                 h.close()
         root.handlers[:] = handlers
         root.setLevel(level)
         torch.set_num_threads(threads)
-    return time.perf_counter() - t0
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    import arlopti.analysis.study_kk as kk
+    import arlopti.study.kk as kk
     from arlopti.tasks.kk import KKTask
 
     out = tmp_path_factory.mktemp("kk")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: a second thread only adds synchronisation
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(KKTask, "score", varied_score)
-            mp.setattr(kk, "_run", _run_here)
-            mp.chdir(REPO)
-            main(["study", "kk-mechanism", "--out", str(out), "--model", "tiny", "--methods", ",".join(MECHANISM),
-                  "--batches", "2", "--prompts", "2", "--group-size", "2", "--max-new-tokens", "6"])
-            for m in METHODS:
-                for s in SEEDS:
-                    kk.kk_pilot_run(m, s, out, VAL_PER_N, train_extra=TRAIN, eval_extra=EVAL)
-            main(["study", "kk-report", "--out", str(out)])
-    finally:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # tiny tensors: a second thread only adds synchronisation (given back below)
+    with _logging_given_back(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(KKTask, "score", varied_score)
+        mp.chdir(tmp_path_factory.mktemp("elsewhere"))  # the study needs no particular working folder
+        main(["kk-mechanism", "--out", str(out), "--model", "tiny", "--methods", ",".join(MECHANISM),
+              "--batches", "2", "--prompts", "2", "--group-size", "2", "--max-new-tokens", "6"])
+        for m in METHODS:
+            for s in SEEDS:
+                kk.kk_pilot_run(m, s, out, VAL_PER_N, train_extra=TRAIN, eval_extra=EVAL)
+        main(["kk-report", "--out", str(out)])
     return out, json.loads((out / "kk_study.json").read_text())
 
 
@@ -165,7 +147,7 @@ def test_the_pilot_table_agrees_with_the_runs_own_logs(study):
 
 def test_the_mechanism_tables_agree_with_its_batch_files(study):
     from arlopti.algorithms.buckets import BUCKET_NAMES
-    from arlopti.analysis.study_methods import default_methods
+    from arlopti.study.methods import default_methods
 
     out, data = study
     mech = data["mechanism"]
@@ -199,11 +181,12 @@ def test_the_mechanism_tables_agree_with_its_batch_files(study):
 
 def test_the_study_script_runs_every_piece_then_the_report():
     """benchmarks/run_kk_study.sh (the lead's one job): valid bash, the issue's four pilot methods (experiment
-    files the study knows), mechanism, runs, then the report."""
+    files the study knows), mechanism, runs, then the report, into a folder the caller names or else the run
+    tree's (no machine's folder: issue 44)."""
     import re
     import subprocess
 
-    from arlopti.analysis.study_methods import parse_methods
+    from arlopti.study.methods import parse_methods
 
     script = REPO / "benchmarks" / "run_kk_study.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
@@ -211,4 +194,5 @@ def test_the_study_script_runs_every_piece_then_the_report():
     methods = re.search(r"KK_METHODS:-([^}]*)}", text).group(1).split()
     assert methods == ["grpo", "ar_lopti", "sapo", "ce_gppo"] and parse_methods(",".join(methods)) == methods
     where = [text.index(f"study {part}") for part in ("kk-mechanism", "kk-run", "kk-report")]
-    assert where == sorted(where) and "/work/study_out/kk" in text
+    assert where == sorted(where)
+    assert re.search(r"^OUT=\$\{1:-logs/study/kk\}$", text, re.M) and "/work/" not in text

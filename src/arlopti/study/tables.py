@@ -4,22 +4,22 @@ Per run (one method, one seed; ``rows`` = its steps in order):
 
 * ``final``: the mean reward of the last ``final_window`` rollout steps; ``auc``: the mean reward over
   all steps (the area under the curve per step);
-* ``steps_to_threshold``: :func:`arlopti.analysis.study_stats.steps_to_threshold` (censored runs
+* ``steps_to_threshold``: :func:`arlopti.study.stats.steps_to_threshold` (censored runs
   counted at steps + 1 and reported);
 * the in-training Fig. 3 numbers per bucket, pooled over the run's steps: the A > 0 tokens whose
   probability rose after their step's update (Σ pos_up / Σ pos_total), the A < 0 tokens that fell,
   the mean Δp of A > 0 and of A < 0 tokens, and the share of the run's signed tokens in each bucket.
 
-Per method: each of those as :func:`~arlopti.analysis.study_stats.mean_ci` over seeds; against GRPO
-(the seeds are the pairs) :func:`~arlopti.analysis.study_stats.paired` of ``final``, ``auc``,
-``steps_to_threshold`` and ``top_pos_rose`` (the in-training A > 0 "rose" fraction of the top bucket, Fig. 3); and the first-step mechanism (:mod:`arlopti.analysis.study_mechanism`) per
+Per method: each of those as :func:`~arlopti.study.stats.mean_ci` over seeds; against GRPO
+(the seeds are the pairs) :func:`~arlopti.study.stats.paired` of ``final``, ``auc``,
+``steps_to_threshold`` and ``top_pos_rose`` (the in-training A > 0 "rose" fraction of the top bucket, Fig. 3); and the first-step mechanism (:mod:`arlopti.study.mechanism`) per
 bucket, :func:`mean_ci` over seeds. :func:`markdown_tables` renders the headline columns.
 """
 
 from __future__ import annotations
 
 from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES, NUM_BUCKETS
-from arlopti.analysis.study_stats import curve_bands, mean_ci, paired, steps_to_threshold
+from arlopti.study.stats import curve_bands, mean_ci, paired, steps_to_threshold
 
 TOP, LOW = BUCKET_NAMES[-1], BUCKET_NAMES[0]
 

@@ -1,4 +1,4 @@
-"""The numeric options of ``python -m arlopti.analysis study <part>``, checked before anything runs.
+"""The numeric options of ``arlopti study <part>``, checked before anything runs.
 
 argparse checks only the type: ``study toy --steps -1`` used to train a run, then stop in a traceback
 (``the run stopped after 1 of -1 rollout steps``). :func:`check_study_args` refuses such a value at
@@ -44,12 +44,12 @@ def check_study_args(args) -> None:
     """Raise :class:`ConfigError` on the first numeric option of ``study <part>`` out of its range
     (module docstring); ``study toy`` also needs ``--threshold`` in [0, 1] (the reward's range) and
     ``--final-window`` <= ``--steps`` (the final reward is the mean of the last ``--final-window`` steps)."""
-    for option, low, what in _BOUNDS.get(args.study_command, ()):
+    for option, low, what in _BOUNDS.get(args.part, ()):
         value = getattr(args, option, None)
         problem = None if value is None else _refusal(option, value, low, what)
         if problem:
             raise ConfigError(problem)
-    if args.study_command != "toy":
+    if args.part != "toy":
         return
     if not 0.0 <= args.threshold <= 1.0:  # also NaN
         raise ConfigError(f"--threshold {args.threshold:g}: the toy task's reward is in [0, 1], so a threshold "

@@ -1,4 +1,4 @@
-"""``study <part>`` refuses a numeric option out of its range at the start, in one line (issue 42 item 5).
+"""``arlopti study <part>`` refuses a numeric option out of its range at the start, in one line (issue 42 item 5).
 
 Before, ``study toy --steps -1`` trained a run and then ended in a traceback
 (``RuntimeError: the run stopped after 1 of -1 rollout steps``).
@@ -12,14 +12,15 @@ import sys
 
 import pytest
 
-from arlopti.analysis.__main__ import main
+from arlopti.study.__main__ import main
 from arlopti.config.cli_report import run_command
 
 
-def test_study_toy_negative_steps_is_one_line_before_anything_runs(tmp_path):
+@pytest.mark.parametrize("command", [["arlopti.study"], ["arlopti.analysis", "study"]])  # the old name too
+def test_study_toy_negative_steps_is_one_line_before_anything_runs(command, tmp_path):
     out = tmp_path / "toy"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run([sys.executable, "-m", "arlopti.analysis", "study", "toy", "--steps", "-1", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", *command, "toy", "--steps", "-1", "--out", str(out)],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -52,7 +53,7 @@ def test_study_toy_negative_steps_is_one_line_before_anything_runs(tmp_path):
 def test_each_numeric_option_out_of_range_is_refused_naming_it(argv, flag, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     out = tmp_path / "out"
-    assert run_command(main, ["study", *argv, "--out", str(out)]) == 1
+    assert run_command(main, [*argv, "--out", str(out)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"ConfigError: {flag}:"), err
     assert "give" in err[0]  # the fix
