@@ -130,11 +130,6 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
     """Generate and score every set under every mode of its task; return (metrics, per-set results).
     ``keep_items``: also keep every response's record (:func:`item_records`) in ``SetResult.items``;
     ``turns``: multi-turn episodes (module docstring)."""
-    from arlopti.prompts.batch import collate_prompts
-    from arlopti.rollout.source import collect_groups
-    from arlopti.rollout.turns import with_env_rewards
-    from arlopti.tasks.base import with_prompt
-
     metrics: dict[str, float] = {}
     results: list[SetResult] = []
     per_task_mode: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -149,39 +144,64 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
             continue
         samples = samples[:limit] if limit else samples
         task_name = samples[0].task
-        mine = samples[rank::world]
         for mode in modes.get(task_name, (GREEDY,)):
             sampling = SamplingConfig(temperature=mode.temperature, top_p=mode.top_p, top_k=mode.top_k,
                                       max_new_tokens=max_new_tokens, seed=seed)
-            # every rank calls generate, even with no prompts: FSDP2 ranks must join the unshard
-            comps = collect_groups(engine.generate, [s.prompt_ids for s in mine], mode.n, sampling, turns=turns,
-                                   batch=collate_prompts(mine))  # one generate call unless multi-turn
-            texts = [c.text for cs in comps for c in cs]
-            gts = [s.ground_truth for s, cs in zip(mine, comps) for _ in cs]
-            metas = [with_prompt(s.meta, s.messages, s.prompt_text) for s, cs in zip(mine, comps) for _ in cs]
-            scored = task_for(task_name).score(texts, gts, metas) if texts else []
-            scored = with_env_rewards(scored, [c for cs in comps for c in cs])
-            correct = torch.tensor([float(r.correct) for r in scored], dtype=torch.float64).view(len(mine), mode.n)
-            has_fmt = bool(scored) and "format_ok" in scored[0].components
-            stats = torch.tensor([
-                float(len(mine)), float(correct.sum()),
-                float(correct.max(dim=1).values.sum()) if correct.numel() else 0.0,
-                float(sum(r.reward for r in scored)),
-                float(sum(r.components.get("format_ok", 0.0) for r in scored)),
-            ], dtype=torch.float64)
-            if reduce_sum is not None:
-                stats = reduce_sum(stats).double().cpu()
-            res = SetResult(set_name, task_name, mode.name, int(stats[0]), mode.n, float(stats[1]),
-                            float(stats[2]), float(stats[3]), float(stats[4]) if has_fmt else None)
-            res.samples = [{"prompt": s.prompt_text[-400:], "response": cs[0].text, "correct": bool(correct[i, 0])}
-                           for i, (s, cs) in enumerate(zip(mine[:keep_samples], comps[:keep_samples]))]
-            if keep_items:
-                res.items = item_records(set_name, mode.name, mine, texts, scored, mode.n, task_for(task_name))
+            res = evaluate_mode(engine, set_name, task_name, samples[rank::world], mode, sampling, task_for,
+                                reduce_sum, keep_samples, keep_items, turns)
             results.append(res)
             m = metrics_of(res)
             per_task_mode.setdefault((task_name, mode.name), []).append(m)
             for k, v in m.items():
                 metrics[f"val/{task_name}/{set_name}/{mode.name}/{k}"] = v
+    metrics.update(mean_metrics(per_task_mode, results, rank))
+    metrics["timing/eval_s"] = time.perf_counter() - t0
+    return metrics, results
+
+
+def evaluate_mode(engine: RolloutEngine, set_name: str, task_name: str, mine: list[PromptSample], mode: EvalMode,
+                  sampling: SamplingConfig, task_for: Callable[[str], Task],
+                  reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None, keep_samples: int = 0,
+                  keep_items: bool = False, turns=None) -> SetResult:
+    """One set under one mode: this rank's prompts ``mine`` generated (every rank calls, even with none:
+    FSDP2 ranks must join the unshard) and scored by the set's task; the counts summed over ranks with
+    ``reduce_sum``, so the :class:`SetResult` is the whole set's."""
+    from arlopti.prompts.batch import collate_prompts
+    from arlopti.rollout.source import collect_groups
+    from arlopti.rollout.turns import with_env_rewards
+    from arlopti.tasks.base import with_prompt
+
+    comps = collect_groups(engine.generate, [s.prompt_ids for s in mine], mode.n, sampling, turns=turns,
+                           batch=collate_prompts(mine))  # one generate call unless multi-turn
+    texts = [c.text for cs in comps for c in cs]
+    gts = [s.ground_truth for s, cs in zip(mine, comps) for _ in cs]
+    metas = [with_prompt(s.meta, s.messages, s.prompt_text) for s, cs in zip(mine, comps) for _ in cs]
+    scored = task_for(task_name).score(texts, gts, metas) if texts else []
+    scored = with_env_rewards(scored, [c for cs in comps for c in cs])
+    correct = torch.tensor([float(r.correct) for r in scored], dtype=torch.float64).view(len(mine), mode.n)
+    has_fmt = bool(scored) and "format_ok" in scored[0].components
+    stats = torch.tensor([
+        float(len(mine)), float(correct.sum()),
+        float(correct.max(dim=1).values.sum()) if correct.numel() else 0.0,
+        float(sum(r.reward for r in scored)),
+        float(sum(r.components.get("format_ok", 0.0) for r in scored)),
+    ], dtype=torch.float64)
+    if reduce_sum is not None:
+        stats = reduce_sum(stats).double().cpu()
+    res = SetResult(set_name, task_name, mode.name, int(stats[0]), mode.n, float(stats[1]),
+                    float(stats[2]), float(stats[3]), float(stats[4]) if has_fmt else None)
+    res.samples = [{"prompt": s.prompt_text[-400:], "response": cs[0].text, "correct": bool(correct[i, 0])}
+                   for i, (s, cs) in enumerate(zip(mine[:keep_samples], comps[:keep_samples]))]
+    if keep_items:
+        res.items = item_records(set_name, mode.name, mine, texts, scored, mode.n, task_for(task_name))
+    return res
+
+
+def mean_metrics(per_task_mode: dict[tuple[str, str], list[dict[str, float]]], results: list[SetResult],
+                 rank: int = 0) -> dict[str, float]:
+    """``val/<task>/mean/<mode>/<k>``: each metric's mean over the task's sets under that mode, and
+    ``val/<task>/mean/sets``: how many sets that is (:func:`mean_sets`, logged on rank 0)."""
+    metrics: dict[str, float] = {}
     for (task_name, mode_name), rows in per_task_mode.items():
         for k in rows[0]:
             metrics[f"val/{task_name}/mean/{mode_name}/{k}"] = sum(r[k] for r in rows) / len(rows)
@@ -189,8 +209,7 @@ def evaluate_sets(engine: RolloutEngine, sets: dict[str, list[PromptSample]], mo
         metrics[f"val/{task_name}/mean/sets"] = float(len(names))
         if rank == 0:
             log.info("val/%s/mean averages over %d set(s): %s", task_name, len(names), ", ".join(names))
-    metrics["timing/eval_s"] = time.perf_counter() - t0
-    return metrics, results
+    return metrics
 
 
 def mean_sets(results: list[SetResult]) -> dict[str, list[str]]:
