@@ -174,3 +174,13 @@ def test_hub_ids_only_where_they_are_ids(tmp_path, monkeypatch):
     assert meta["base_model"] == "Qwen/Qwen2.5-3B-Instruct" and meta["datasets"] == ["openai/gsm8k"]
     assert meta["library_name"] == "peft" and meta["tags"] == ["arlopti", "rloo", "reinforcement-learning"]
     assert "model-index" not in meta
+
+
+def test_a_multi_line_data_setting_stays_one_comment_line():
+    data = {"_target_": "arlopti.data.generic_datamodule.GenericPromptDataModule", "train_file": "/data/train.jsonl",
+            "system_prompt": "You are helpful.\n---\nmodel-index: []"}
+    text = front_matter({"model": {"name_or_path": "tiny"}}, data, "m", {}, adapter=False)
+    meta = yaml.safe_load(text)
+    assert "model-index" not in meta and "datasets" not in meta
+    (line,) = [t for t in text.splitlines() if t.startswith("# datasets:")]
+    assert "GenericPromptDataModule(train_file=/data/train.jsonl, system_prompt=You are helpful. --- model-index: [])" in line

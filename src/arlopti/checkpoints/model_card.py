@@ -98,12 +98,13 @@ def hub_datasets(data: dict) -> list[str]:
 
 
 def data_description(data: dict) -> str:
-    """One line naming what the run trained on, from its data identity (``hyper_parameters.data``)."""
+    """One line naming what the run trained on, from its data identity (``hyper_parameters.data``),
+    every run of white space as one space."""
     if not data:
         return "not recorded in the checkpoint (hyper_parameters.data is absent)"
     target = str(data.get("_target_", "")).rsplit(".", 1)[-1] or "data module"
     rest = ", ".join(f"{k}={_flat(v)}" for k, v in data.items() if k != "_target_")
-    return f"{target}({rest})"
+    return " ".join(f"{target}({rest})".split())  # one line: it is also a YAML comment (a system prompt has newlines)
 
 
 def _flat(v: Any) -> str:
@@ -186,7 +187,7 @@ def front_matter(run: dict, data: dict, name: str, evaluation: dict, adapter: bo
         meta["model-index"] = index
     notes = []
     if not base:
-        notes.append(f"# base_model: none: model.name_or_path={model} is not a hub id")
+        notes.append(" ".join(f"# base_model: none: model.name_or_path={model} is not a hub id".split()))
     if not datasets:
         notes.append(f"# datasets: none: trained on {data_description(data)}, which has no hub id")
     return "\n".join(notes + [yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).rstrip()])
