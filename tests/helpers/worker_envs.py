@@ -117,3 +117,29 @@ class Scored:
             x: Any number.
         """
         return x
+
+
+class _Payload:
+    """An object whose unpickling would run ``touch <path>`` in whoever unpickles it."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+class Smuggling(TextEnv):
+    """``step`` returns an object built to run a command where it is unpickled (``row["marker"]``: its file),
+    and a numpy-like number (a :class:`numbers.Real` that is not a float) as the reward."""
+
+    def reset(self, row):
+        self.marker = row["marker"]
+        return None
+
+    def step(self, text):
+        if text == "number":
+            import fractions
+
+            return "fine", False, fractions.Fraction(1, 4)
+        return _Payload(self.marker), False, None

@@ -144,3 +144,20 @@ def test_a_class_the_host_cannot_import_is_a_load_error_naming_it():
     w = EnvWorkers("helpers.worker_envs:Nope", "Nope", True)
     with pytest.raises(EnvWorkerLoadError, match=r"helpers.worker_envs:Nope.*has no attribute 'Nope'"):
         w.open([1])
+
+
+def test_a_value_built_to_run_code_where_it_is_read_is_refused_not_run(workers, tmp_path):
+    """The trainer reads an episode's results as plain values only (arlopti.tasks.env.calls.plain_loads):
+    an object whose unpickling runs a command is an error naming its type, and the command never runs,
+    in the trainer or anywhere. Numbers of other types arrive as Python's own."""
+    marker = tmp_path / "ran"
+    w = workers("Smuggling")
+    w.open([1])
+    calls = [EnvCall(1, "reset", ({"marker": str(marker)},), 1, "reset"),
+             EnvCall(1, "step", ("number",), 2, "step"), EnvCall(1, "step", ("object",), 3, "step")]
+    got = [r for _, _, r in w.stream([calls], timeout_s=60)]
+    assert got[1].value == ("fine", False, 0.25) and type(got[1].value[2]) is float
+    assert got[2].error.startswith("TypeError: step returned a tuple, which cannot be sent back to the trainer")
+    assert "posix.system is not a plain value" in got[2].error and "\n" not in got[2].error
+    time.sleep(0.5)
+    assert not marker.exists()

@@ -10,6 +10,9 @@ of it a :class:`CallResult`.
 
 from __future__ import annotations
 
+import io
+import numbers
+import pickle
 import random
 import threading
 import time
@@ -52,6 +55,41 @@ class CallResult:
     @property
     def ok(self) -> bool:
         return self.error is None and not self.timeout
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Builds only what pickle's own opcodes build (None, bool, numbers, str, bytes, tuple, list, dict, set):
+    every global is refused, so bytes that came from an environment's process (user code) cannot make the
+    trainer run code while it reads them (the pickle documentation's "Restricting Globals")."""
+
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"{module}.{name} is not a plain value (None, bool, a number, str, bytes, "
+                                     "or a tuple, list, dict or set of them)")
+
+
+def plain_loads(data: bytes):
+    """``pickle.loads`` of plain values only (:class:`_PlainUnpickler`): what the trainer reads from an
+    environment's host or episode processes."""
+    return _PlainUnpickler(io.BytesIO(data)).load()
+
+
+def plain_value(value):
+    """``value`` with numbers of other types (numpy's, for example) as Python's own ``int`` / ``float`` /
+    ``complex``, through tuples, lists and dicts: what an episode process sends back (:func:`plain_loads`
+    refuses any other class)."""
+    if isinstance(value, (bool, int, float, complex, str, bytes)) or value is None:
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, numbers.Complex):
+        return complex(value)
+    if isinstance(value, (tuple, list)):
+        return type(value)(plain_value(v) for v in value) if type(value) in (tuple, list) else value
+    if type(value) is dict:
+        return {plain_value(k): plain_value(v) for k, v in value.items()}
+    return value
 
 
 def last_line(err: BaseException) -> str:

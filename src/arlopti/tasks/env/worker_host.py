@@ -27,7 +27,8 @@ on two pipes, trainer <-> host, and a socket pair per episode, host <-> episode)
   killing any still there after ``timeout_s``; ``None`` or end of file: kill every episode and exit
   (the trainer died or closed the host);
 * host -> trainer: ``("result", key, cid, raw)`` (``raw``: the episode's pickled ``(status, payload)``,
-  passed on unread, so the host never unpickles what user code returned) or ``("died", key, cid, code)``
+  passed on unread, so the host never unpickles what user code returned; the trainer reads every message
+  with :func:`~arlopti.tasks.env.calls.plain_loads`, which builds plain values only, never an object) or ``("died", key, cid, code)``
   when the episode's process ended during the call ``cid`` (``code``: its exit code, negative for a signal).
 
 **An episode process** (:func:`episode_main`) puts itself in its own process group (a kill reaches what
@@ -58,7 +59,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from arlopti.tasks.env.calls import call_env, close_env, last_line
+from arlopti.tasks.env.calls import call_env, close_env, last_line, plain_loads, plain_value
 
 #: What the host runs (``python -c BOOT READ_FD WRITE_FD CONFIG_JSON``): the trainer's ``sys.path`` first.
 BOOT = ("import json, sys; cfg = json.loads(sys.argv[3]); "
@@ -78,8 +79,12 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _dumps(reply: tuple, method: str) -> bytes:
+    """The episode's ``(status, payload)`` as the trainer reads it (:func:`~arlopti.tasks.env.calls.plain_loads`:
+    plain values only; a value of another class is an error naming its type, here, where it is still readable)."""
     try:
-        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps(plain_value(reply), protocol=pickle.HIGHEST_PROTOCOL)
+        plain_loads(data)
+        return data
     except Exception as err:  # noqa: BLE001 - an unpicklable value: its type is named
         line = (f"TypeError: {method} returned a {type(reply[1]).__name__}, which cannot be sent back to the "
                 f"trainer ({last_line(err)})")

@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
-from arlopti.tasks.env.calls import CallResult
+from arlopti.tasks.env.calls import CallResult, plain_loads
 from arlopti.tasks.env.worker_host import BOOT
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,7 @@ class EnvWorkers:
             os.close(to_host_r)
             os.close(from_host_w)
         inbox, outbox = Connection(to_host_w, readable=False), Connection(from_host_r, writable=False)
-        msg = outbox.recv() if outbox.poll(self.boot_timeout_s) else ("load_error", f"not ready after "
-                                                                       f"{self.boot_timeout_s:.0f} s")
+        msg = self._boot_message(outbox)
         if msg[0] != "ready":
             _stop_host(proc, inbox)
             outbox.close()
@@ -114,13 +113,22 @@ class EnvWorkers:
         self._finalizer = weakref.finalize(self, _stop_host, proc, inbox)
         self.stats["hosts"] += 1
 
+    def _boot_message(self, outbox: Connection) -> tuple:
+        """The host's first message (``("ready", pid)`` or ``("load_error", line)``), read as plain values."""
+        if not outbox.poll(self.boot_timeout_s):
+            return ("load_error", f"not ready after {self.boot_timeout_s:.0f} s")
+        try:
+            return plain_loads(outbox.recv_bytes())
+        except (EOFError, OSError, pickle.UnpicklingError) as err:
+            return ("load_error", f"the host ended before it was ready ({type(err).__name__}: {err})")
+
     @staticmethod
     def _read(outbox: Connection, into: queue.Queue) -> None:
         """The reader thread: the host's messages into ``into``, then ``("host_died",)`` at its end."""
         while True:
             try:
-                msg = outbox.recv()
-            except (EOFError, OSError):
+                msg = plain_loads(outbox.recv_bytes())  # the host runs user code: plain values only
+            except (EOFError, OSError, pickle.UnpicklingError):
                 break
             into.put(msg)
         outbox.close()
@@ -237,7 +245,7 @@ class EnvWorkers:
             return CallResult(error=f"EnvWorkerDied: {self.name}.{what}: the episode's environment process "
                                     f"{ended(msg[3])} during the call", gone=True, seconds=seconds)
         try:
-            status, payload = pickle.loads(msg[3])
+            status, payload = plain_loads(msg[3])
         except Exception as err:  # noqa: BLE001 - a value the trainer cannot unpickle
             return CallResult(error=f"TypeError: {what} returned a value the trainer cannot read "
                                     f"({type(err).__name__}: {err})", seconds=seconds)
