@@ -48,7 +48,8 @@ def test_hints_only_for_the_loggers_in_use():
                      "wandb (offline): /runs/r1/wandb/offline-run-x\n  upload: wandb sync /runs/r1/wandb/offline-run-x",
                      "MLflow: mlflow ui --backend-store-uri file:/runs/r1/mlruns"]
     assert logger_hints([fake("TensorBoardLogger", log_dir="/runs/r1/tensorboard")]) == [
-        "TensorBoard: tensorboard --logdir /runs/r1/tensorboard"]
+        "TensorBoard: tensorboard --logdir /runs/r1/tensorboard  (its Custom Scalars tab, #custom_scalars, puts "
+        "reward, accuracy and validation first)"]
     assert logger_hints([]) == []
 
 

@@ -202,7 +202,8 @@ def logger_hints(loggers) -> list[str]:
     for logger in loggers or []:
         kind = logger_kind(logger)
         if kind == "tensorboard":
-            lines.append(f"TensorBoard: tensorboard --logdir {logger.log_dir}")
+            lines.append(f"TensorBoard: tensorboard --logdir {logger.log_dir}  (its Custom Scalars tab, "
+                         "#custom_scalars, puts reward, accuracy and validation first)")
         elif kind == "csv":
             lines.append(f"CSV: {Path(logger.log_dir) / 'metrics.csv'}")
         elif kind == "wandb":
