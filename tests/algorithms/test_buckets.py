@@ -18,6 +18,15 @@ def test_bucket_edges_follow_the_paper_intervals():
     assert bucket_index(p).tolist() == [0, 0, 0, 1, 1, 2, 2, 3, 3]
 
 
+def test_names_and_labels_are_made_from_the_edges():
+    """The edges are written once; the tag names and the figure and table labels follow from them."""
+    from arlopti.algorithms.buckets import BUCKET_EDGES, BUCKET_LABELS
+
+    assert BUCKET_EDGES == (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert BUCKET_NAMES == ("0.00-0.25", "0.25-0.50", "0.50-0.75", "0.75-1.00")
+    assert BUCKET_LABELS == ("[0, .25]", "(.25, .5]", "(.5, .75]", "(.75, 1]")
+
+
 def test_bucket_index_rejects_log_probs():
     with pytest.raises(ValueError, match="exp\\(log_probs\\)"):
         bucket_index(torch.tensor([-0.5, -2.0]))

@@ -18,10 +18,21 @@ import math
 import torch
 from torch import Tensor
 
+#: The paper's bucket edges, the one place they are written: every name, label and statistic follows.
 BUCKET_EDGES: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
-# Tag-safe names, used in JSON keys and TensorBoard tags (diag/bucket_frac/<name>).
-BUCKET_NAMES: tuple[str, ...] = ("0.00-0.25", "0.25-0.50", "0.50-0.75", "0.75-1.00")
-BUCKET_LABELS: tuple[str, ...] = ("[0, .25]", "(.25, .5]", "(.5, .75]", "(.75, 1]")
+
+
+def _short(x: float) -> str:
+    """``.25`` for 0.25, ``0`` and ``1`` for the ends (the paper's figure labels)."""
+    text = f"{x:g}"
+    return text[1:] if text.startswith("0.") else text
+
+
+# Tag-safe names, used in JSON keys and TensorBoard tags (diag/bucket_frac/<name>): "0.00-0.25", ...
+BUCKET_NAMES: tuple[str, ...] = tuple(f"{lo:.2f}-{hi:.2f}" for lo, hi in zip(BUCKET_EDGES, BUCKET_EDGES[1:]))
+# Interval labels of figures and tables: "[0, .25]", "(.25, .5]", "(.5, .75]", "(.75, 1]" (only b0 closed on the left)
+BUCKET_LABELS: tuple[str, ...] = tuple(f"{'[' if i == 0 else '('}{_short(lo)}, {_short(hi)}]"
+                                       for i, (lo, hi) in enumerate(zip(BUCKET_EDGES, BUCKET_EDGES[1:])))
 NUM_BUCKETS = len(BUCKET_NAMES)
 PROB_TOLERANCE = 1e-3  # how far outside [0, 1] a probability may be from rounding (bucket_index)
 

@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from arlopti.analysis.cli_args import add_input_args, add_update_args
+from arlopti.analysis.cli_args import add_input_args, add_method_args, add_update_args
 from arlopti.analysis.commands import (cmd_compare_methods, cmd_dump, cmd_grad_norms, cmd_prob_shift,
                                        cmd_token_distribution, cmd_update_direction, cmd_word_categories)
 from arlopti.config.cli_report import run_command
@@ -57,14 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("update-direction", help="Fig. 3: update direction under GRPO, AR and Lopti")
     add_input_args(p)
     add_update_args(p)
-    p.add_argument("--alpha", type=float, default=0.3, help="AR α (paper Fig. 3: 0.3)")
-    p.add_argument("--eta", type=float, default=0.5, help="Lopti η (paper Fig. 3: 0.5)")
+    add_method_args(p)
     p.add_argument("--methods", default="grpo,ar,lopti", help="comma list of grpo, ar, lopti, ar_lopti")
     p = sub.add_parser("compare-methods", help="GRPO, AR, Lopti and the token methods side by side on one batch")
     add_input_args(p)
     add_update_args(p)
-    p.add_argument("--alpha", type=float, default=0.3, help="AR α (paper Fig. 3: 0.3)")
-    p.add_argument("--eta", type=float, default=0.5, help="Lopti η (paper Fig. 3: 0.5)")
+    add_method_args(p)
     p.add_argument("--methods", default=None,
                    help="comma list (default: all of arlopti.analysis.compare_methods.METHODS)")
     p.add_argument("--cov-ratio", type=float, default=0.02, help="Clip-Cov / KL-Cov share of tokens (verl: 2e-4)")

@@ -1,12 +1,14 @@
 """Command-line options shared by ``python -m arlopti.analysis`` and its ``reproduce`` command.
 
 A light module (argparse only), so that ``--help`` stays fast; the commands themselves are in
-:mod:`arlopti.analysis.commands`.
+:mod:`arlopti.analysis.commands`. AR's α and Lopti's η are not written here: left out, they are
+``algorithm=ar_lopti``'s (:func:`paper_settings`), so the paper's values live in the algorithm config alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 
 
 def add_input_args(p: argparse.ArgumentParser) -> None:
@@ -42,3 +44,33 @@ def add_update_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help=f"learning rate (default: {DEFAULT_LR['sgd']} for sgd, {DEFAULT_LR['adamw']} for adamw)")
     p.add_argument("--grad-clip", type=float, default=None, help="clip the global grad norm (default: off)")
+
+
+#: The algorithm config whose AR α and Lopti η the commands use when ``--alpha`` / ``--eta`` are left out.
+PAPER_ALGORITHM = "ar_lopti"
+
+
+def add_method_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--alpha", type=float, default=None,
+                   help=f"AR α (default: algorithm={PAPER_ALGORITHM}'s algorithm.ar_alpha, the paper's Fig. 3 value)")
+    p.add_argument("--eta", type=float, default=None,
+                   help=f"Lopti η (default: algorithm={PAPER_ALGORITHM}'s algorithm.lopti.eta, the paper's Fig. 3 value)")
+
+
+@functools.lru_cache(maxsize=None)
+def paper_settings(config_dir=None) -> tuple[float, float]:
+    """``(α, η)``: ``algorithm.ar_alpha`` and ``algorithm.lopti.eta`` of ``algorithm=ar_lopti``, composed
+    (configs/algorithm/ar_lopti.yaml, whose η is the schema's default)."""
+    from arlopti.config.compose import compose
+
+    algo = compose([f"algorithm={PAPER_ALGORITHM}"], config_dir=config_dir).algorithm
+    return float(algo.ar_alpha), float(algo.lopti.eta)
+
+
+def fill_method_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``--alpha`` / ``--eta`` left out (None) set to :func:`paper_settings`'s."""
+    if getattr(args, "alpha", 0.0) is None or getattr(args, "eta", 0.0) is None:
+        alpha, eta = paper_settings()
+        args.alpha = alpha if args.alpha is None else args.alpha
+        args.eta = eta if args.eta is None else args.eta
+    return args

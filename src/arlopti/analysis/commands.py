@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 
-from arlopti.analysis.cli_args import DEFAULT_LR
+from arlopti.analysis.cli_args import DEFAULT_LR, fill_method_args
 
 log = logging.getLogger("arlopti.analysis")
 
@@ -104,6 +104,7 @@ def cmd_update_direction(args, inputs=None, first_grads=None) -> dict:
     from arlopti.analysis.plotting import plot_update_direction, save_result
     from arlopti.analysis.update_direction import update_direction
 
+    fill_method_args(args)
     loaded, batch, old = inputs or load_inputs(args)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     t0 = time.perf_counter()
@@ -165,6 +166,7 @@ def cmd_compare_methods(args, inputs=None) -> dict:
     from arlopti.analysis.plotting import save_result
     from arlopti.config import TokenMethodConfig
 
+    fill_method_args(args)
     loaded, batch, old = inputs or load_inputs(args)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else METHODS
     t0 = time.perf_counter()

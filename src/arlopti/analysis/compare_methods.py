@@ -294,9 +294,8 @@ def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Ten
             "grad_norms": norms, "first_step_grad_norm": gg ** 0.5}
 
 
-def compare_methods(policy, batch, methods: tuple[str, ...] = METHODS, alpha: float = 0.3, eta: float = 0.5,
-                    optimizer: str = "sgd", lr: float = 1e-2, micro_batch_size: int = 4,
-                    old_log_probs: Tensor | None = None, token_cfg: TokenMethodConfig | None = None) -> dict:
+def compare_methods(policy, batch, methods: tuple[str, ...], alpha: float, eta: float, optimizer: str = "sgd",
+                    lr: float = 1e-2, micro_batch_size: int = 4, old_log_probs: Tensor | None = None, token_cfg: TokenMethodConfig | None = None) -> dict:
     """Every method's numbers (module docstring); the weights are restored afterwards."""
     token_cfg = token_cfg or TokenMethodConfig(cov_ratio=0.02)
     kinds = {m: method_kind(m) for m in methods}

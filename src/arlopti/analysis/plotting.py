@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES  # noqa: E402
+from arlopti.algorithms.buckets import BUCKET_EDGES, BUCKET_LABELS, BUCKET_NAMES  # noqa: E402
 
 _COLORS = {"grpo": "#4c72b0", "ar": "#dd8452", "lopti": "#55a868", "ar_lopti": "#c44e52",
            "all": "#4c72b0", "low": "#dd8452", "high": "#55a868"}
@@ -89,11 +89,11 @@ def plot_token_distribution(result: dict):
     total = max(1, result["tokens"])
     axes[0].bar([(i + 0.5) / bins for i in range(bins)], [c / total for c in result["histogram"]],
                 width=1 / bins, color="#4c72b0", edgecolor="white")
-    for edge in (0.25, 0.5, 0.75):
+    for edge in BUCKET_EDGES[1:-1]:
         axes[0].axvline(edge, color="grey", lw=0.8, ls="--")
     for b, name in enumerate(BUCKET_NAMES):
         f = result["fraction"][name]
-        axes[0].text(0.125 + 0.25 * b, 0.97, f"{BUCKET_LABELS[b]}\n{100 * f:.0f}%" if f is not None else "–",
+        axes[0].text((BUCKET_EDGES[b] + BUCKET_EDGES[b + 1]) / 2, 0.97, f"{BUCKET_LABELS[b]}\n{100 * f:.0f}%" if f is not None else "–",
                      ha="center", va="top", fontsize=8, transform=axes[0].get_xaxis_transform())
     axes[0].set(xlabel="sampled-token probability p_old", ylabel="share of tokens", xlim=(0, 1),
                 title=f"token probabilities, {result['tokens']} tokens (paper Fig. 1a)")
@@ -138,7 +138,7 @@ def plot_prob_shift(result: dict):
         grouped_bars(ax, {f"{n} (r={v[n]['corr_with_all']:.2f})" if v[n]["corr_with_all"] is not None else n:
                            bucket_values(v[n][key]) for n in v}, "Δp", title, hline=0.0)
     fig.suptitle(f"Δp after one {result['optimizer'].upper()} step (lr {result['lr']:g}) updating all / "
-                 "only [0,.25] / only (.75,1] tokens (paper Fig. 1c, 1e, 1f)", fontsize=11)
+                 f"only {BUCKET_LABELS[0]} / only {BUCKET_LABELS[-1]} tokens (paper Fig. 1c, 1e, 1f)", fontsize=11)
     caption_under(fig, result.get("caption", ""))
     fig.tight_layout(rect=(0, 0.04, 1, 0.94))
     return fig

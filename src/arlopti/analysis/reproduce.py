@@ -36,13 +36,13 @@ import time
 from argparse import Namespace
 from pathlib import Path
 
-from arlopti.analysis.cli_args import DEFAULT_LR
+from arlopti.analysis.cli_args import DEFAULT_LR, fill_method_args
 
 SETTINGS = ("raw", "sft")
 
 
 def add_reproduce_args(p) -> None:
-    from arlopti.analysis.cli_args import add_input_args
+    from arlopti.analysis.cli_args import add_input_args, add_method_args
 
     add_input_args(p)
     # 4 prompts x 4 responses per setting: the whole run fits the CPU budget (docs/results.md)
@@ -54,8 +54,7 @@ def add_reproduce_args(p) -> None:
     p.add_argument("--layer", type=int, default=None)
     p.add_argument("--sgd-lr", type=float, default=None, help="SGD lr of prob-shift and update-direction")
     p.add_argument("--adamw-lr", type=float, default=None, help="AdamW lr of update-direction")
-    p.add_argument("--alpha", type=float, default=0.3)
-    p.add_argument("--eta", type=float, default=0.5)
+    add_method_args(p)
     p.add_argument("--skip-adamw", action="store_true", help="only the SGD update-direction runs")
     p.add_argument("--skip-compare-methods", action="store_true", help="no compare-methods (the token methods)")
     p.add_argument("--cov-ratio", type=float, default=0.02, help="compare-methods: Clip-Cov / KL-Cov share")
@@ -201,6 +200,7 @@ wall time ``make reproduce`` spends, less start-up), ``timings_s.this_run`` this
 
 
 def reproduce(args) -> dict:
+    fill_method_args(args)  # --alpha / --eta left out: algorithm=ar_lopti's
     if args.quick:
         _quick(args)
     names = [s.strip() for s in args.settings.split(",") if s.strip()]

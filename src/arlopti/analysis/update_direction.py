@@ -47,8 +47,8 @@ def first_step_specs(old_log_probs: Tensor, batch, methods: tuple[str, ...], alp
     return {m: table[m] for m in methods}
 
 
-def update_direction(policy, batch, methods: tuple[str, ...] = ("grpo", "ar", "lopti"), alpha: float = 0.3,
-                     eta: float = 0.5, optimizer: str = "sgd", lr: float = 1e-3, grad_clip: float | None = None,
+def update_direction(policy, batch, methods: tuple[str, ...], alpha: float, eta: float, optimizer: str = "sgd",
+                     lr: float = 1e-3, grad_clip: float | None = None,
                      micro_batch_size: int = 4, old_log_probs: Tensor | None = None,
                      first_grads: dict[str, list[Tensor]] | None = None) -> dict:
     """Run every method's update from θ (module docstring); the weights are restored afterwards.

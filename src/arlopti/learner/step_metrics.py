@@ -103,11 +103,12 @@ def padding_metrics(metrics: MetricSet, exp, micro_plan: Mapping[tuple, list[lis
 
 def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple, list[list[int]]],
                      timings: Mapping[str, float], *, reused: int, ar_alpha: float, lr: float, nonfinite_skips: int,
-                     optimizer_steps: int, eta: float = 0.5) -> None:
+                     optimizer_steps: int, eta: float) -> None:
     """A rollout step's metrics beyond the objective's (docs/metrics.md): phases skipped as empty
     (``targets``: :class:`~arlopti.learner.targets.Targets`), the rollout's statistics, the
     engine/trainer mismatch (``rollout.return_logprobs``), padding, the share of logπ_old taken
-    from the first step's forward (``reused`` rows), timings and the optimizer's counters."""
+    from the first step's forward (``reused`` rows), timings and the optimizer's counters; ``eta``: the
+    run's ``algorithm.lopti.eta``, the turn metrics' low-probability threshold."""
 
     if len(targets.phases) > 1:
         for name in targets.phases:

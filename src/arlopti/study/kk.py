@@ -31,6 +31,7 @@ the bootstrap draws puzzles within each seed's sets).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -43,17 +44,24 @@ from arlopti.study.methods import algorithm_overrides, check_run_algorithm
 log = logging.getLogger(__name__)
 
 DEMO_EXPERIMENT = "kk_lopti_demo"
-#: The demo's cold start (configs/experiment/kk_lopti_demo.yaml: callbacks.cold_start.steps).
-DEMO_COLD_START_STEPS = 6
-#: The demo's optimizer (AdamW, lr 3e-5), for the mechanism's one-step updates.
-DEMO_LR = 3e-5
-DEMO_MAX_NEW_TOKENS = 128
 #: The pilot's changes to the demo's sizes. ``sizes.mini_batch_size=4``: the demo's 8 responses per step in
 #: two optimizer steps, the second off-policy, as the paper's K&K runs (512 responses in mini-batches of
 #: 256, configs/experiment/kk_grpo.yaml) and the toy study (two mini-batches per step). With the demo's
 #: one mini-batch every ratio is 1 at its only step, where SAPO and CE-GPPO take GRPO's gradient
 #: (docs/algorithms.md: they differ only off-policy): the pilot could not tell them from GRPO.
 PILOT_OVERRIDES = ("sizes.mini_batch_size=4",)
+
+
+@functools.lru_cache(maxsize=None)
+def demo_settings(config_dir=None) -> dict:
+    """What the study takes of the demo (``experiment=kk_lopti_demo``, composed once): its cold start's
+    ``steps``, its optimizer's ``lr`` (AdamW; the mechanism's one-step updates) and its response length
+    ``max_new_tokens`` (``rollout.max_new_tokens``)."""
+    from arlopti.config.compose import compose
+
+    cfg = compose([f"experiment={DEMO_EXPERIMENT}"], config_dir=config_dir)
+    return {"cold_start_steps": int(cfg.callbacks.cold_start.steps), "lr": float(cfg.optim.lr),
+            "max_new_tokens": int(cfg.rollout.max_new_tokens)}
 
 
 # ------------------------------------------------------------------------------------------ the pilot
@@ -66,7 +74,7 @@ def train_overrides(method: str, seed: int, run_dir: Path, extra: tuple[str, ...
     """The ``arlopti train`` overrides of one pilot run (module docstring); ``extra``: more overrides, last;
     ``overrides``: the method's :func:`algorithm_overrides` when the caller has them (two composes less)."""
     if overrides is None:
-        overrides = algorithm_overrides(method, DEMO_MAX_NEW_TOKENS, config_dir)
+        overrides = algorithm_overrides(method, demo_settings(config_dir)["max_new_tokens"], config_dir)
     ckpt = (f"callbacks.model_checkpoint={{_target_:arlopti.callbacks.checkpointing.RolloutCheckpoint,"
             f"dirpath:{quoted(run_dir / 'checkpoints')},every_n_steps:null,save_last:true}}")
     return [f"experiment={DEMO_EXPERIMENT}", *overrides, *PILOT_OVERRIDES, f"seed={seed}", f"rollout.seed={seed}",
@@ -74,11 +82,11 @@ def train_overrides(method: str, seed: int, run_dir: Path, extra: tuple[str, ...
             "callbacks.benchmark_eval.at_end=false", *extra]
 
 
-def eval_overrides(run_dir: Path, val_per_n: int, extra: tuple[str, ...] = ()) -> list[str]:
+def eval_overrides(run_dir: Path, val_per_n: int, extra: tuple[str, ...] = (), config_dir=None) -> list[str]:
     """The ``arlopti eval`` overrides scoring a pilot run's final weights (module docstring)."""
     return ["model=smollm2-135m-instruct", f"ckpt_path={quoted(run_dir / 'checkpoints' / 'last.ckpt')}",
             "eval=val", "data=kk_generated", "data.val_people=[2,3]", f"data.val_count_per_n={val_per_n}",
-            f"rollout.max_new_tokens={DEMO_MAX_NEW_TOKENS}", "rollout.generation_batch_size=16",
+            f"rollout.max_new_tokens={demo_settings(config_dir)['max_new_tokens']}", "rollout.generation_batch_size=16",
             f"output_file={quoted(run_dir / 'eval_results.json')}", f"hydra.run.dir={quoted(run_dir / 'eval')}",
             *extra]
 
@@ -119,12 +127,13 @@ def kk_pilot_run(method: str, seed: int, out: str | Path, val_per_n: int = 32, t
     if run_dir.exists():  # a cut-short attempt: its metrics.csv would mix into this one's
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
-    overrides = algorithm_overrides(method, DEMO_MAX_NEW_TOKENS, config_dir)
+    max_new_tokens = demo_settings(config_dir)["max_new_tokens"]
+    overrides = algorithm_overrides(method, max_new_tokens, config_dir)
     t0 = time.perf_counter()
     run(train_overrides(method, seed, run_dir, train_extra, config_dir, overrides))
     train_s = time.perf_counter() - t0
-    check_run_algorithm(run_dir, method, DEMO_MAX_NEW_TOKENS, config_dir)
-    evaluate_job(eval_overrides(run_dir, val_per_n, eval_extra), config_dir)
+    check_run_algorithm(run_dir, method, max_new_tokens, config_dir)
+    evaluate_job(eval_overrides(run_dir, val_per_n, eval_extra, config_dir), config_dir)
     eval_s = time.perf_counter() - t0 - train_s
     if not keep_checkpoint:  # ~1.6 GB with the optimizer state for SmolLM2; the evaluation is what is kept
         (run_dir / "checkpoints" / "last.ckpt").unlink()

@@ -22,7 +22,7 @@ def kk_mechanism(args) -> dict:
     """Measure the batches ``--first-batch`` .. ``+ --batches`` that ``--out`` lacks (module docstring)."""
     from arlopti.analysis.compare_methods import METHODS
     from arlopti.analysis.inputs import load_policy
-    from arlopti.study.kk import DEMO_COLD_START_STEPS, DEMO_MAX_NEW_TOKENS
+    from arlopti.study.kk import demo_settings
     from arlopti.study.mechanism import shared_settings
     from arlopti.study.methods import method_algorithms, parse_methods
 
@@ -35,31 +35,31 @@ def kk_mechanism(args) -> dict:
     t0 = time.perf_counter()
     if todo:
         methods = parse_methods(args.methods)
-        algos = method_algorithms(methods, DEMO_MAX_NEW_TOKENS)
+        demo = demo_settings()
+        algos = method_algorithms(methods, demo["max_new_tokens"])
         known = {m: a for m, a in algos.items() if m in METHODS}
-        loaded = load_policy(args.model, DEMO_COLD_START_STEPS)
+        loaded = load_policy(args.model, demo["cold_start_steps"])
         for b in todo:
-            measure_batch(args, b, loaded, methods, known, shared_settings(known), wanted[b])
+            measure_batch(args, b, loaded, methods, known, (*shared_settings(known), demo["lr"]), wanted[b])
     return {"files": {b: str(path) for b, path in wanted.items()}, "seconds": time.perf_counter() - t0}
 
 
 def measure_batch(args, b: int, loaded, methods: list[str], known: dict, settings: tuple, path: Path) -> None:
-    """Batch ``b`` sampled from ``loaded`` and every method of ``known`` measured on it, into ``path`` (whole or
-    absent: written under a temporary name, then renamed)."""
+    """Batch ``b`` sampled from ``loaded`` and every method of ``known`` measured on it with ``settings`` =
+    ``(α, η, token_cfg, lr)``, into ``path`` (whole or absent: written under a temporary name, then renamed)."""
     from arlopti.analysis.compare_methods import METHODS, compare_methods
     from arlopti.analysis.inputs import sample_kk_batch
-    from arlopti.study.kk import DEMO_LR
     from arlopti.study.mechanism import mechanism_entry
 
-    alpha, eta, token_cfg = settings
+    alpha, eta, token_cfg, lr = settings
     t1 = time.perf_counter()
     batch = sample_kk_batch(loaded, args.prompts, args.group_size, args.max_new_tokens, args.temperature, seed=b,
                             num_people=[2, 3], puzzle_seed=4242 + b, advantages="auto")
-    r = compare_methods(loaded.policy, batch, tuple(known), alpha, eta, "adamw", DEMO_LR,
+    r = compare_methods(loaded.policy, batch, tuple(known), alpha, eta, "adamw", lr,
                         micro_batch_size=args.micro_batch, token_cfg=token_cfg)
     result = {"batch_index": b, "batch": {k: v for k, v in batch.summary().items() if k != "model_info"},
               "model": loaded.info, "tokens_per_bucket": r["tokens_per_bucket"],
-              "advantage_source": batch.advantage_source, "optimizer": "adamw", "lr": DEMO_LR,
+              "advantage_source": batch.advantage_source, "optimizer": "adamw", "lr": lr,
               "alpha": alpha, "eta": eta, "methods": {m: {**mechanism_entry(e), "same_update_as":
                                                            e.get("same_update_as")} for m, e in r["methods"].items()},
               "not_measured": [m for m in methods if m not in METHODS], "seconds": time.perf_counter() - t1}

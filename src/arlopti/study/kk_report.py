@@ -105,8 +105,9 @@ def _f(v, fmt="{:.3f}"):
 
 
 def mechanism_markdown(mech: dict) -> str:
-    lines = [f"| method | mass share [0, .25] / (.75, 1] | norm share [0, .25] / (.75, 1] | ‖g_b‖ "
-             f"{' / '.join(BUCKET_LABELS)} | A>0 rose (.75, 1], per batch | mean Δp A>0 (.75, 1] | A<0 fell (.75, 1] |",
+    top, two = BUCKET_LABELS[-1], f"{BUCKET_LABELS[0]} / {BUCKET_LABELS[-1]}"
+    lines = [f"| method | mass share {two} | norm share {two} | ‖g_b‖ {' / '.join(BUCKET_LABELS)} | A>0 rose {top}, "
+             f"per batch | mean Δp A>0 {top} | A<0 fell {top} |",
              "|---|---|---|---|---|---|---|"]
     low = BUCKET_NAMES[0]
     for m, e in mech["methods"].items():
@@ -160,7 +161,7 @@ def plot_kk(mech: dict | None, pilot: dict | None):
             axes[0].plot([i] * len(vals), vals, "o", color="black" if m == "grpo" else "tab:blue", alpha=0.7)
         axes[0].set_xticks(range(len(names)), names, rotation=60, fontsize=7)
         axes[0].axhline(0.5, color="gray", ls="--", lw=0.8)
-        axes[0].set_title("(.75, 1]: A > 0 tokens whose p rose, each batch", fontsize=9)
+        axes[0].set_title(f"{BUCKET_LABELS[-1]}: A > 0 tokens whose p rose, each batch", fontsize=9)
         bucket_bars(axes[1], {m: [e["bucket_grad_norm"][b]["mean"] or 0.0 for b in BUCKET_NAMES]
                         for m, e in mech["methods"].items()}, "‖g_b‖ of each method's loss by bucket", "norm")
         axes[1].legend(fontsize=6, ncol=2)

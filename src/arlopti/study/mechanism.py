@@ -54,15 +54,19 @@ def first_batch(seed: int, sizes, tokenizer, run_folder: Path, warm_cache=None):
 
 def shared_settings(algos: dict[str, AlgorithmConfig]) -> tuple[float, float, TokenMethodConfig]:
     """``(alpha, eta, token_cfg)`` for one ``compare-methods`` call over all ``algos``: AR's α of the
-    methods with AR, Lopti's η of those with Lopti, and every method's own token-method fields (each
+    methods with AR, Lopti's η of those with Lopti (none: ``algorithm=ar_lopti``'s,
+    :func:`arlopti.analysis.cli_args.paper_settings`), and every method's own token-method fields (each
     experiment file sets only its method's fields). Two methods disagreeing on one of them is an error."""
+    from arlopti.analysis.cli_args import paper_settings
+
     def one(values: set, what: str, default: float) -> float:
         if len(values) > 1:
             raise ValueError(f"the methods set different {what} {sorted(values)}: study them in separate runs")
         return values.pop() if values else default
 
-    alpha = one({a.ar_alpha for a in algos.values() if a.ar_alpha > 0}, "AR alphas", 0.3)
-    eta = one({a.lopti.eta for a in algos.values() if a.lopti.enabled}, "Lopti etas", 0.5)
+    paper_alpha, paper_eta = paper_settings()
+    alpha = one({a.ar_alpha for a in algos.values() if a.ar_alpha > 0}, "AR alphas", paper_alpha)
+    eta = one({a.lopti.eta for a in algos.values() if a.lopti.enabled}, "Lopti etas", paper_eta)
     default, merged = asdict(TokenMethodConfig()), {}
     for name, a in algos.items():
         for key, value in asdict(a.token_method).items():

@@ -22,6 +22,7 @@ from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES, NUM_BUCKETS
 from arlopti.study.stats import curve_bands, mean_ci, paired, steps_to_threshold
 
 TOP, LOW = BUCKET_NAMES[-1], BUCKET_NAMES[0]
+TOP_LABEL, LOW_LABEL = BUCKET_LABELS[-1], BUCKET_LABELS[0]
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -109,8 +110,8 @@ def learning_markdown(table: dict, threshold: float, baseline: str = "grpo") -> 
 
 def in_training_markdown(table: dict) -> str:
     head = " | ".join(BUCKET_LABELS)
-    lines = [f"| method | A>0 rose: {head} | Δ A>0 rose (.75, 1] vs grpo | mean Δp A>0 (.75, 1] | "
-             "A<0 fell (.75, 1] | token share (.75, 1] |", "|---|" + "---|" * (NUM_BUCKETS + 4)]
+    lines = [f"| method | A>0 rose: {head} | Δ A>0 rose {TOP_LABEL} vs grpo | mean Δp A>0 {TOP_LABEL} | "
+             f"A<0 fell {TOP_LABEL} | token share {TOP_LABEL} |", "|---|" + "---|" * (NUM_BUCKETS + 4)]
     for m, e in table.items():
         t = e["in_training"]
         rose = " | ".join(_ci(t["pos_rose"][b], "{:.2f}") for b in BUCKET_NAMES)
@@ -121,8 +122,9 @@ def in_training_markdown(table: dict) -> str:
 
 
 def mechanism_markdown(mech: dict) -> str:
-    lines = ["| method | weight vs GRPO (.75, 1] | mass share [0, .25] / (.75, 1] | norm share [0, .25] / (.75, 1] "
-             "| ‖g_b‖ [0, .25] / (.75, 1] | A>0 rose (.75, 1] | mean Δp A>0 (.75, 1] |", "|---|---|---|---|---|---|---|"]
+    span = f"{LOW_LABEL} / {TOP_LABEL}"
+    lines = [f"| method | weight vs GRPO {TOP_LABEL} | mass share {span} | norm share {span} | ‖g_b‖ {span} "
+             f"| A>0 rose {TOP_LABEL} | mean Δp A>0 {TOP_LABEL} |", "|---|---|---|---|---|---|---|"]
     for m, e in mech["methods"].items():
         def two(key, fmt="{:.3f}", e=e):
             return f"{_ci(e[key][LOW], fmt)} / {_ci(e[key][TOP], fmt)}"
