@@ -23,7 +23,7 @@
 # On the device (its image: Python 3.12, torch 2.11 + CUDA 13, lightning, transformers, peft,
 # tensorboard, torchmetrics; no hydra-core, omegaconf or vllm; no network):
 # * setup: when `import hydra, omegaconf` fails, the carried wheels are installed offline with
-#   `pip install --no-index --no-deps --target $GPU_CHECK_SITE` (default /tmp/arlopti-gpu-site) and
+#   `pip install --no-index --no-deps --target $GPU_CHECK_SITE` (default .gpu_check/site, beside the carry) and
 #   put on PYTHONPATH after src/: the image's torch and everything else stay as they are (checked).
 # * kernels (benchmarks/gpu_check_kernels.py): the fused log-prob kernel against the naive one at
 #   V = 151,936, bf16 and fp32: values, gradients, peak memory, time.
@@ -42,15 +42,15 @@
 #
 # Prints PASS / FAIL / SKIP lines and a last line "GPU CHECK: PASS|FAIL"; exit 0 iff every part that
 # ran passed, 2 when setup failed. Reports (JSON) under $OUT when set (the device tool's folder that
-# comes back), else /tmp/arlopti-gpu-check.
+# comes back), else logs/gpu_check in the run tree.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
 REPO=$(pwd)
 PY=${PYTHON:-python3}
 CARRY=$REPO/.gpu_check
-RESULTS=${OUT:-/tmp/arlopti-gpu-check}
+RESULTS=${OUT:-$REPO/logs/gpu_check}
 TINY=${TINY_MODEL_DIR:-$CARRY/tiny-model}
-SITE=${GPU_CHECK_SITE:-/tmp/arlopti-gpu-site}
+SITE=${GPU_CHECK_SITE:-$CARRY/site}
 LIMIT_BYTES=$(( 64 * 1024 * 1024 ))
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export PYTHONPATH="$REPO/src${PYTHONPATH:+:$PYTHONPATH}"

@@ -16,6 +16,7 @@ from arlopti.study.__main__ import main
 from arlopti.config.cli_report import run_command
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("command", [["arlopti.study"], ["arlopti.analysis", "study"]])  # the old name too
 def test_study_toy_negative_steps_is_one_line_before_anything_runs(command, tmp_path):
     out = tmp_path / "toy"

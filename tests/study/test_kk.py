@@ -179,6 +179,7 @@ def test_the_mechanism_tables_agree_with_its_batch_files(study):
     assert "Δp by probability bucket" in md and (out / "kk_study.png").stat().st_size > 5000
 
 
+@pytest.mark.process
 def test_the_study_script_runs_every_piece_then_the_report():
     """benchmarks/run_kk_study.sh (the lead's one job): valid bash, the issue's four pilot methods (experiment
     files the study knows), mechanism, runs, then the report, into a folder the caller names or else the run

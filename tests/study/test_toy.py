@@ -124,6 +124,7 @@ def test_the_runs_are_training_runs_of_the_methods_algorithm(study):
         assert (out / "runs" / m / "seed1" / "train.log").is_file()
 
 
+@pytest.mark.process  # the report asks git for the code's version
 def test_a_second_call_trains_only_what_is_missing_and_gives_the_same_tables(study):
     """Resume: a run cut short (no run.json) is trained again, everything else is reused, and the rebuilt
     tables are the same numbers (the run is reproducible from its seed)."""
