@@ -213,13 +213,9 @@ def machine_info() -> dict[str, Any]:
     """What the numbers depend on: CPU and its flags, core count, load, torch version and thread count."""
     import torch
 
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
+    from arlopti.utils.machine import cpu_name
+
+    return {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
             "load_avg_1_5_15": list(os.getloadavg()), "torch": torch.__version__,
             "torch_kernels": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
             "python": platform.python_version()}
@@ -227,17 +223,11 @@ def machine_info() -> dict[str, Any]:
 
 def gemm_rate(n: int, dtype, reps: int) -> float:
     """Best FLOP/s of ``a @ b`` for ``n × n`` matrices of ``dtype`` (2·n³ FLOPs per product), after one
-    untimed product, with torch's current thread count."""
-    import torch
+    untimed product, with torch's current thread count (:func:`arlopti.utils.machine.gemm_flops`, the one
+    measurement a run's summary records too)."""
+    from arlopti.utils.machine import gemm_flops
 
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+    return gemm_flops(n, reps, dtype)
 
 
 def read_bandwidth(mib: int, reps: int) -> float:

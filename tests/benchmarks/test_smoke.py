@@ -308,3 +308,23 @@ def test_gpu_vllm_check_exports_its_model_and_checks_its_arguments(bench, tmp_pa
     with pytest.raises(SystemExit):
         check.parse_args(["--model-dir", str(tmp_path)])
     assert "no config.json there" in capsys.readouterr().err
+
+
+@pytest.mark.process
+def test_bench_python_tool(bench, tmp_path):
+    out = tmp_path / "tool.json"
+    assert bench("bench_python_tool").main(["--smoke", "--out", str(out)]) == 0
+    data = written(out)
+    assert [r["program"] for r in data["rows"]] == ["print", "bwrap_true"] and data["smoke"]
+    row = data["rows"][0]
+    assert positive(row["sandbox_s"], row["bare_s"], row["ratio"])
+    assert positive(data["rates"]["gemm_fp32_gflops"], data["rates"]["read_gb_s"])
+
+
+def test_bench_linear_kernels(bench, tmp_path):
+    out = tmp_path / "kernels.json"
+    assert bench("bench_linear_kernels").main(["--smoke", "--out", str(out)]) == 0
+    row, = written(out)["rows"]
+    assert (row["weight"], row["batch"]) == ("64x32", 2)
+    assert positive(row["f_linear_gb_s"], row["onednn_gb_s"], row["mkl_packed_gb_s"]) and row["max_abs_diff"] < 1e-3
+

@@ -17,7 +17,7 @@ the process's start: imports, config, model loading), the SFT cold start, the ev
 ``timing/eval_s``), the rollout (each step's ``timing/rollout_s`` + ``scoring_s`` + ``sync_s``) and the
 update (``timing/logprobs_s`` + ``update_s``), the rest of the run as ``other`` and the ``total``, all wall
 seconds of this process (a resumed run counts its own). Beside them, ``machine``: the CPU and its fp32 GEMM
-rate measured at the end (:func:`gemm_gflops`), so a time can be read against the machine that took it.
+rate measured at the end (:func:`arlopti.utils.machine.machine`), so a time can be read against the machine that took it.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from arlopti.callbacks.progress import advantage_estimator, no_signal
 from arlopti.eval.runner import is_accuracy_key
 from arlopti.utils.console import watch_fit_stop
+from arlopti.utils.machine import machine
 
 
 class TrainingSummary(L.Callback):
@@ -133,33 +134,6 @@ class TrainingSummary(L.Callback):
         out = self.out_file or (Path(trainer.default_root_dir) / "summary.json")
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(s, indent=2))
-
-
-def gemm_gflops(n: int = 1024, repeats: int = 3) -> float:
-    """This machine's fp32 GEMM rate: the best of ``repeats`` ``n``-cubed products, GFLOP/s, with torch's
-    threads (the figure benchmarks/RESULTS.md records beside every time; about 40 ms at n = 1024)."""
-    import torch
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best / 1e9
-
-
-def machine() -> dict:
-    """The CPU's name, core count and fp32 GEMM rate (:func:`gemm_gflops`)."""
-    import platform
-
-    cpu = platform.processor()
-    try:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "gemm_fp32_gflops": round(gemm_gflops(), 1)}
 
 
 def process_age_s() -> float | None:
