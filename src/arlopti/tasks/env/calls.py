@@ -58,11 +58,16 @@ class CallResult:
 
 
 class _PlainUnpickler(pickle.Unpickler):
-    """Builds only what pickle's own opcodes build (None, bool, numbers, str, bytes, tuple, list, dict, set):
-    every global is refused, so bytes that came from an environment's process (user code) cannot make the
+    """Builds only what pickle's own opcodes build (None, bool, numbers, str, bytes, tuple, list, dict, set)
+    and complex numbers: every other global is refused, so bytes that came from an environment's process (user code) cannot make the
     trainer run code while it reads them (the pickle documentation's "Restricting Globals")."""
 
+    #: The only globals allowed: constructors of plain values that older pickle protocols reach by name.
+    SAFE = {("builtins", "complex"): complex, ("builtins", "set"): set, ("builtins", "frozenset"): frozenset}
+
     def find_class(self, module: str, name: str):
+        if (module, name) in self.SAFE:
+            return self.SAFE[module, name]
         raise pickle.UnpicklingError(f"{module}.{name} is not a plain value (None, bool, a number, str, bytes, "
                                      "or a tuple, list, dict or set of them)")
 

@@ -72,13 +72,19 @@ def _load(key: str):
     return function, getattr(module, function)
 
 
-def _load_user_code():
-    """``tasks/user_code.py``, loaded by path (no ``arlopti`` package import in the worker)."""
-    spec = importlib.util.spec_from_file_location("arlopti_user_code_worker", _HERE.parent / "user_code.py")
+def _load_by_path(name: str, path: Path):
+    """A standard-library-only module of this package, loaded by path (no ``arlopti`` package import in
+    the worker: it would bring torch under the worker's address-space cap)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def _load_user_code():
+    """``tasks/user_code.py`` (:func:`_load_by_path`)."""
+    return _load_by_path("arlopti_user_code_worker", _HERE.parent / "user_code.py")
 
 
 def _user_call(user_code, function, batch: bool):
@@ -143,24 +149,39 @@ def main(argv: list[str]) -> int:
         name, function = _load(key)
         functions[name] = function
     user = json.loads(argv[4]) if len(argv) >= 5 and argv[4] else {}
-    user_names: set[str] = set()
-    if user.get("functions"):
-        for entry in reversed(user.get("sys_path") or []):
-            if entry not in sys.path:
-                sys.path.insert(0, entry)
-        user_code = _load_user_code()
-        try:
-            for name, spec in user["functions"].items():
-                function = user_code.load_function(spec)
-                trl = user_code.trl_convention(function)  # TRL's (prompts, completions, **columns): lists
-                functions[name] = _user_call(user_code, user_code.trl_call(function) if trl else function,
-                                             trl or bool(user.get("batch")))
-                user_names.add(name)
-        except BaseException as err:  # noqa: BLE001 - the load error goes to the trainer, then exit
-            outbox.send(("load_error", str(err) if isinstance(err, user_code.UserCodeError)
-                         else traceback.format_exc()[-4000:]))
-            return 3
+    user_names = _load_user_functions(user, functions, outbox)
+    if user_names is None:
+        return 3
     outbox.send(("ready", os.getpid()))
+    return _serve(inbox, outbox, functions, user_names)
+
+
+def _load_user_functions(user: dict, functions: dict, outbox: Connection) -> set[str] | None:
+    """Add ``user["functions"]`` (name -> spec) to ``functions``; their names, or None after sending the
+    load error to the trainer."""
+    if not user.get("functions"):
+        return set()
+    for entry in reversed(user.get("sys_path") or []):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    user_code = _load_user_code()
+    try:
+        for name, spec in user["functions"].items():
+            function = user_code.load_function(spec)
+            trl = user_code.trl_convention(function)  # TRL's (prompts, completions, **columns): lists
+            functions[name] = _user_call(user_code, user_code.trl_call(function) if trl else function,
+                                         trl or bool(user.get("batch")))
+    except BaseException as err:  # noqa: BLE001 - the load error goes to the trainer, then exit
+        outbox.send(("load_error", str(err) if isinstance(err, user_code.UserCodeError)
+                     else traceback.format_exc()[-4000:]))
+        return None
+    return set(user["functions"])
+
+
+def _serve(inbox: Connection, outbox: Connection, functions: dict, user_names: set[str]) -> int:
+    """Run the calls the trainer sends until it closes the pipe; replies are plain values (the trainer
+    reads nothing else: :func:`arlopti.tasks.env.calls.plain_loads`)."""
+    plain_value = _load_by_path("arlopti_env_calls_worker", _HERE.parent / "env" / "calls.py").plain_value
     while True:
         try:
             msg = inbox.recv()
@@ -170,7 +191,7 @@ def main(argv: list[str]) -> int:
             return 0
         task_id, name, args = msg
         try:
-            reply = ("ok", task_id, functions[name](*args))
+            reply = ("ok", task_id, plain_value(functions[name](*args)))
         except BaseException as err:  # noqa: BLE001  (MemoryError, RecursionError, anything)
             # Only the type name: str() of some sympy errors is itself slow. User code: the traceback.
             reply = ("error", task_id, _user_traceback(err)[-4000:] if name in user_names

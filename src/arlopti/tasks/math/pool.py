@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Sequence
+
+from arlopti.tasks.env.calls import plain_loads
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +214,9 @@ class WorkerPool:
             for w in active:
                 if w.outbox not in ready:
                     continue
-                try:
-                    msg = w.outbox.recv()
-                except (EOFError, OSError):
+                try:  # a worker runs user code (task=custom's reward): plain values only, never an object
+                    msg = plain_loads(w.outbox.recv_bytes())
+                except (EOFError, OSError, pickle.UnpicklingError):
                     msg = None
                 if msg is None:
                     self._on_death(w, outcomes, retry)
