@@ -150,10 +150,11 @@ def pilot_markdown(pilot: dict, baseline: str = "grpo") -> str:
 
 def plot_kk(mech: dict | None, pilot: dict | None):
     """Left: the top bucket's A > 0 'rose' fraction per method and batch (Fig. 3); middle: ‖g_b‖ by bucket
-    (mean over batches); right: the pilot's train reward per step, one line per run."""
+    (mean over batches); right, when the pilot ran: its train reward per step, one line per run."""
     from arlopti.study.figures import bucket_bars, plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.4))
+    panels = 3 if pilot else 2  # no empty panel for a pilot that did not run
+    fig, axes = plt.subplots(1, panels, figsize=(17 * panels / 3, 4.4))
     if mech:
         names = list(mech["methods"])
         for i, m in enumerate(names):
