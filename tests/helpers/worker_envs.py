@@ -119,7 +119,7 @@ class Scored:
         return x
 
 
-class _Payload:
+class Payload:
     """An object whose unpickling would run ``touch <path>`` in whoever unpickles it."""
 
     def __init__(self, path: str):
@@ -142,4 +142,4 @@ class Smuggling(TextEnv):
             import fractions
 
             return "fine", False, fractions.Fraction(1, 4)
-        return _Payload(self.marker), False, None
+        return Payload(self.marker), False, None

@@ -19,30 +19,10 @@ from arlopti.rollout import hf
 from arlopti.rollout.engine import SamplingConfig
 from arlopti.rollout.hf import HFEngine
 from arlopti.rollout.kv_decode import KVDecoder, unsupported_reason
+from helpers.decoding import left_padded_batch as _batch
+from helpers.decoding import step_logits as _logits
 
 SAMPLED = SamplingConfig(temperature=0.9, top_k=50, top_p=0.95, max_new_tokens=16, seed=5, logprobs=True)
-
-
-def _batch(tok, rows: int = 4):
-    texts = ["Zoey said that Oliver is a knight.", "Is Ava a knave?", "A very long prompt " * 5, "Hi"]
-    prompts = [tok(texts[r % len(texts)])["input_ids"] for r in range(rows)]
-    width = max(map(len, prompts))
-    ids = torch.full((rows, width), tok.pad_token_id)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
-    return ids, mask, (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)
-
-
-@torch.no_grad()
-def _logits(stepper, ids, mask, pos, tokens):
-    """Prefill, then one step per row of ``tokens [steps, B]``; every step's logits."""
-    out = [stepper.prefill(ids, mask, pos)]
-    step_pos = pos[:, -1:]
-    for t in tokens:
-        mask, step_pos = torch.cat([mask, mask.new_ones(len(t), 1)], 1), step_pos + 1
-        out.append(stepper.step(t[:, None], step_pos, mask))
-    return out
 
 
 @pytest.mark.parametrize("arch", ["tiny_model", "tiny_llama"])

@@ -16,32 +16,15 @@ from arlopti.rollout.engine import SamplingConfig
 from arlopti.rollout.hf import HFEngine
 from arlopti.rollout.kv_decode import KVDecoder, projection_groups
 from arlopti.rollout.packed_linear import PackedLinears, packable
+from helpers.decoding import left_padded_batch as _batch
+from helpers.decoding import prompt_ids as _prompts
+from helpers.decoding import step_logits
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 
 
-def _prompts(tok, rows=4):
-    texts = ["Zoey said that Oliver is a knight.", "Is Ava a knave?", "A very long prompt " * 5, "Hi"]
-    return [tok(texts[r % len(texts)])["input_ids"] for r in range(rows)]
-
-
-def _batch(tok, rows=4):
-    prompts = _prompts(tok, rows)
-    width = max(map(len, prompts))
-    ids, mask = torch.full((rows, width), tok.pad_token_id), torch.zeros(rows, width, dtype=torch.long)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):], mask[r, width - len(p):] = torch.tensor(p), 1
-    return ids, mask, (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)
-
-
-@torch.no_grad()
 def _step_logits(stepper, ids, mask, pos, tokens):
-    out = [stepper.prefill(ids, mask, pos)]
-    step_pos = pos[:, -1:]
-    for t in tokens:
-        mask, step_pos = torch.cat([mask, mask.new_ones(len(t), 1)], 1), step_pos + 1
-        out.append(stepper.step(t[:, None], step_pos, mask))
-    return torch.cat(out, 1)
+    return torch.cat(step_logits(stepper, ids, mask, pos, tokens), 1)
 
 
 @pytest.mark.parametrize("arch", ["tiny_model", "tiny_llama"])

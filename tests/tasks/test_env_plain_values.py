@@ -4,25 +4,17 @@ and reward workers): plain values only (arlopti.tasks.env.calls.plain_loads / pl
 from __future__ import annotations
 
 import fractions
-import os
 import pickle
 
 import pytest
 
 from arlopti.tasks.env.calls import plain_loads, plain_value
-
-
-class _Payload:
-    def __init__(self, path: str):
-        self.path = path
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.path}",))
+from helpers.worker_envs import Payload
 
 
 def test_an_object_built_to_run_code_is_refused_and_nothing_runs(tmp_path):
     marker = tmp_path / "ran"
-    data = pickle.dumps(("result", 1, 2, _Payload(str(marker))))
+    data = pickle.dumps(("result", 1, 2, Payload(str(marker))))
     with pytest.raises(pickle.UnpicklingError, match="posix.system is not a plain value"):
         plain_loads(data)
     assert not marker.exists()
