@@ -116,15 +116,19 @@ def test_no_file_outside_is_readable(run, outside):
 
 
 def test_only_the_interpreter_and_the_working_directory_are_visible(run):
-    reply = run("import os, sys\nprint(sorted(os.listdir('/')))\n"
-                "print(os.listdir('/tmp') == [os.path.basename(os.getcwd())], os.getcwd().startswith('/tmp/'))\n"
+    reply = run("import os, sys\nprint(sorted(os.listdir('/')))\nprint(sorted(os.listdir('/tmp')))\n"
+                "print(os.path.basename(os.getcwd()), os.getcwd().startswith('/tmp/'))\n"
                 "print(os.access(sys.prefix, os.W_OK), os.access('/usr', os.W_OK))")
-    top = {Path(p).parts[1] for p in (sys.prefix, sys.base_prefix, os.path.realpath(sys.prefix))}
-    allowed = {"usr", "bin", "lib", "lib64", "lib32", "sbin", "proc", "dev", "tmp"} | top
+    roots = [Path(p) for p in (sys.prefix, sys.base_prefix, os.path.realpath(sys.prefix))]
+    allowed = {"usr", "bin", "lib", "lib64", "lib32", "sbin", "proc", "dev", "tmp"} | {p.parts[1] for p in roots}
     lines = [line for line in reply.splitlines() if not line.startswith("```")]
-    listed = eval(lines[0])  # noqa: S307 - a list printed by the sandboxed code
+    listed, in_tmp = eval(lines[0]), eval(lines[1])  # noqa: S307 - lists printed by the sandboxed code
+    workdir, under_tmp = lines[2].split()
     assert set(listed) <= allowed, listed
-    assert lines[1:3] == ["True True", "False False"]  # the host's /tmp holds more
+    # the private /tmp holds the working directory and, where the venv lives under the host's /tmp, its path
+    assert under_tmp == "True" and set(in_tmp) <= {workdir} | {p.parts[2] for p in roots if p.parts[1] == "tmp"}
+    assert workdir in in_tmp and len(in_tmp) < len(os.listdir("/tmp"))  # the host's /tmp holds more
+    assert lines[3] == "False False"
 
 
 def _alive_with(marker: str) -> list[int]:

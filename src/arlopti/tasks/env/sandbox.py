@@ -80,8 +80,10 @@ def bwrap_args(workdir: str) -> list[str]:
     docstring)."""
     bwrap = shutil.which("bwrap") or "bwrap"
     env = [a for k, v in sandbox_env(workdir).items() for a in ("--setenv", k, v)]
-    return [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *_read_only_binds(),
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", workdir, workdir, "--chdir", workdir,
+    # bwrap mounts in order: the private /tmp first, so that a venv (or a checkout) under the host's /tmp is
+    # bound over it rather than hidden by it
+    return [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
+            "--tmpfs", "/tmp", *_read_only_binds(), "--bind", workdir, workdir, "--chdir", workdir,
             "--clearenv", *env, "--"]
 
 
