@@ -31,13 +31,9 @@ SMOKE = ("debug=smoke", "data=kk_generated", "data.train_count_per_n=4", "data.v
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from arlopti.tasks.base import RewardResult
     from arlopti.tasks.kk import KKTask
+    from helpers.varied_reward import varied_kk_score as varied
 
-    def varied(self, responses, ground_truths, metas):  # the tiny model's K&K rewards are all -3: numbers that differ
-        return [RewardResult(float(len(set(r)) % 3), len(r) % 2 == 0,
-                             {"format_ok": float(len(r) % 2), "parsed": 0.0, "answer_score": -2.0})
-                for r in responses]
 
     tmp = tmp_path_factory.mktemp("card")
     mp = pytest.MonkeyPatch()

@@ -33,3 +33,13 @@ def varied_task(folder: Path, n: int = 8) -> list[str]:
                             for i in range(n)))
     return ["task=custom", f"task.reward_fn={Path(__file__).resolve()}:score", "task.num_workers=1",
             "data=prompts", f"data.train_file={path}", f"data.val_file={path}", "data.answer_key=null"]
+
+
+def varied_kk_score(self, responses, ground_truths, metas):
+    """A stand-in for ``KKTask.score`` (monkeypatched on the class) whose rewards differ inside a group on the
+    tiny model, with the K&K components the loggers and cards read (``format_ok``, ``parsed``, ``answer_score``)."""
+    from arlopti.tasks.base import RewardResult
+
+    return [RewardResult(float(len(set(r)) % 3), len(r) % 2 == 0,
+                         {"format_ok": float(len(r) % 2), "parsed": 0.0, "answer_score": -2.0})
+            for r in responses]

@@ -44,13 +44,9 @@ def read_layouts(tb_dir: Path):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     from arlopti.entry.train import train
-    from arlopti.tasks.base import RewardResult
     from arlopti.tasks.kk import KKTask
+    from helpers.varied_reward import varied_kk_score as varied
 
-    def varied(self, responses, ground_truths, metas):  # the tiny model's K&K rewards are all -3
-        return [RewardResult(float(len(set(r)) % 3), len(r) % 2 == 0,
-                             {"format_ok": float(len(r) % 2), "parsed": 0.0, "answer_score": -2.0})
-                for r in responses]
 
     out = tmp_path_factory.mktemp("layout")
     mp = pytest.MonkeyPatch()
