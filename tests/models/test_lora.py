@@ -14,6 +14,7 @@ from arlopti.algorithms.advantages import grpo_advantages
 from arlopti.config import (AlgorithmConfig, ConfigError, DapoConfig, LoptiConfig, LoraConfig, ModelConfig,
                             OptimConfig, RolloutConfig, RunConfig, SizesConfig, TokenMethodConfig, validate_run)
 from arlopti.models.lora import (ALL_LINEAR, adapters_disabled, apply_lora, base_identity, check_base_identity,
+                                 saved_module_names,
                                   is_lora, resolve_targets)
 from arlopti.learner.module import GRPOModule
 from arlopti.learner.policy import PolicyLM
@@ -315,3 +316,50 @@ def test_adapting_a_tied_embedding_gives_the_head_its_own_copy(tiny_tokenizer, l
         merged = copy.deepcopy(policy.hf).merge_and_unload()
         got, _ = PolicyLM(merged)(ids, torch.ones_like(ids), 4)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def _plain_suffix(key: str, entry: str) -> bool:
+    """peft before 0.22 (``utils/other.py``, ``_set_trainable``): a ``modules_to_save`` entry takes every module
+    whose name ends with it."""
+    return key.endswith(entry)
+
+
+def _dotted_suffix(key: str, entry: str) -> bool:
+    """peft 0.22 (``utils/other.py``, ``_is_valid_match``): the name equals the entry or ends with ``.<entry>``."""
+    return key == entry or key.endswith("." + entry)
+
+
+@pytest.mark.parametrize("entries, want", [
+    (["norm"], ["model.norm"]),
+    (["input_layernorm"], [f"model.layers.{i}.input_layernorm" for i in range(2)]),
+    (["post_attention_layernorm", "norm"], [f"model.layers.{i}.post_attention_layernorm" for i in range(2)]
+     + ["model.norm"]),
+], ids=["norm", "input_layernorm", "both"])
+def test_modules_to_save_reach_peft_as_full_names_that_both_peft_rules_take_alike(tiny_model, entries, want):
+    keys = ["base_model.model." + n for n, _ in tiny_model.named_modules() if n]  # the names peft matches
+    got = saved_module_names(tiny_model, entries)
+    assert sorted(got) == sorted(want)
+    for rule in (_plain_suffix, _dotted_suffix):
+        assert sorted(k for k in keys if any(rule(k, f) for f in got)) == sorted("base_model.model." + n for n in want)
+    if entries == ["norm"]:  # where the two rules part on the entry itself
+        assert sum(_plain_suffix(k, "norm") for k in keys) > sum(_dotted_suffix(k, "norm") for k in keys) == 1
+
+
+def test_the_installed_peft_trains_exactly_the_named_copies(tiny_tokenizer):
+    peft_model = apply_lora(build_tiny_model(tiny_tokenizer), LoraConfig(r=4, modules_to_save=["norm"]))
+    wrapped = [n for n, m in peft_model.get_base_model().named_modules() if hasattr(m, "modules_to_save")]
+    assert wrapped == ["model.norm"]
+    assert peft_model.peft_config["default"].modules_to_save == ["model.norm"]
+
+
+def test_a_saved_name_that_is_another_modules_suffix_is_refused():
+    from torch import nn
+
+    class Odd(nn.Module):  # 'norm' and 'layernorm': peft before 0.22 would take both for 'norm'
+        def __init__(self):
+            super().__init__()
+            self.norm, self.layernorm = nn.LayerNorm(4), nn.LayerNorm(4)
+
+    with pytest.raises(ConfigError, match=r"^model\.lora\.modules_to_save: 'norm' is also a name suffix of "
+                                          r"\['layernorm'\]"):
+        saved_module_names(Odd(), ["norm"])

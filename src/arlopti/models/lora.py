@@ -115,6 +115,24 @@ def resolve_targets(model: nn.Module, targets: list[str], key: str = "model.lora
     return out
 
 
+def saved_module_names(model: nn.Module, entries: list[str]) -> list[str]:
+    """The full names of the modules ``model.lora.modules_to_save`` names, by the dotted-suffix rule
+    (:func:`_matches`: ``norm`` is ``model.norm``, not ``input_layernorm``).
+
+    peft matched these entries by a plain name suffix before 0.22 (``norm`` took every ``*norm`` layer) and
+    by a dotted one since. Handed full names, both rules take the same modules, so every peft in
+    pyproject.toml's range trains the same copies; checked here, since a name that is a plain suffix of
+    another module's would break that."""
+    names = [n for n, _ in model.named_modules() if n]
+    saved = [n for n in names if any(_matches(n, e) for e in entries)]
+    for full in saved:
+        others = [n for n in names if n not in saved and n.endswith(full)]
+        if others:
+            raise ConfigError(f"model.lora.modules_to_save: {full!r} is also a name suffix of {others}, which "
+                              "peft before 0.22 would train too; name a module whose name is no other's suffix")
+    return saved
+
+
 def _names_of(model: nn.Module, module: nn.Module | None) -> list[str]:
     return [n for n, m in model.named_modules(remove_duplicate=False) if module is not None and m is module]
 
@@ -211,8 +229,9 @@ def apply_lora(model: nn.Module, lora: LoraConfig, gradient_checkpointing: bool 
         resolve_targets(model, [name], "model.lora.modules_to_save")
     check_not_the_head(model, list(lora.modules_to_save), "model.lora.modules_to_save")
     check_rank(model, lora, targets)
+    saved = saved_module_names(model, list(lora.modules_to_save))
     peft_cfg = PeftLoraConfig(r=int(lora.r), lora_alpha=lora_alpha(lora), lora_dropout=float(lora.dropout),
-                              target_modules=targets, modules_to_save=list(lora.modules_to_save) or None,
+                              target_modules=targets, modules_to_save=saved or None,
                               bias="none", task_type="CAUSAL_LM")
     identity = base_identity(model)  # the base as loaded (tied or not): what a resume or a worker compares
     model.arlopti_base_identity = identity
