@@ -67,7 +67,7 @@ from arlopti.rollout.episode import Episode
 from arlopti.rollout.retokenization import Conversation, retokenization_drift
 from arlopti.rollout.seeds import env_seed, turn_seed
 from arlopti.tasks.base import RewardResult
-from arlopti.tasks.env.base import EnvError
+from arlopti.tasks.env.base import EnvError, check_reward, check_step_value
 from arlopti.tasks.env.loading import EnvSpec, load_env
 from arlopti.tasks.env.tools import parse_tool_calls
 
@@ -398,17 +398,9 @@ class TurnLoop:
         return [{"role": "user", "content": reply}]
 
     def _step_value(self, value) -> tuple[str | None, bool, float]:
-        """``(reply, done, reward)`` of what a step returned: ``(reply, done, reward)`` or the pair
-        ``(reply, done)`` (reward None, counting 0); any other shape, or a non-finite reward, stops the run."""
-        ok = isinstance(value, (tuple, list)) and len(value) in (2, 3) and (value[0] is None or isinstance(value[0], str))
-        reward = value[2] if ok and len(value) == 3 else None
-        ok = ok and (reward is None or (isinstance(reward, (int, float)) and not isinstance(reward, bool)))
-        if not ok:
-            raise EnvError(f"the environment {self.spec.name}: step must return (reply: str | None, done: bool, "
-                           f"reward: float | None) or (reply, done), and returned {value!r:.120}")
-        if reward is not None and not math.isfinite(reward):
-            raise EnvError(f"the environment {self.spec.name}: step returned a non-finite reward {reward}")
-        return value[0], bool(value[1]), float(reward or 0.0)
+        """``(reply, done, reward)`` of what a step returned (:func:`~arlopti.tasks.env.base.check_step_value`: a
+        bad shape, a ``done`` that is not a bool or 0/1, or a reward that is not a finite float stops the run)."""
+        return check_step_value(self.spec.name, value)
 
     def _tool_replies(self, e: _Running, job: list[EnvCall], results: list[CallResult | None]) -> list[dict]:
         """TRL's contract: the turn's tool results as tool messages, in order (after a call whose instance is
@@ -472,14 +464,9 @@ class TurnLoop:
             if not r.ok:
                 e.errors, e.timeouts = e.errors + int(r.error is not None), e.timeouts + int(r.timeout)
                 continue
-            value = r.value
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise EnvError(f"the environment {self.spec.name}: get_reward must return a number, and returned a "
-                               f"{type(value).__name__}")
-            if not math.isfinite(value):
-                raise EnvError(f"the environment {self.spec.name}: get_reward returned a non-finite reward {value} "
-                               f"on prompt {prompts[e.prompt].uid}; the run stops rather than train on it")
-            e.reward += float(value)
+            value = check_reward(self.spec.name, "get_reward", r.value, f" on prompt {prompts[e.prompt].uid}",
+                                 optional=False)
+            e.reward += value
 
     def _episode(self, e: _Running, prompt_ids: list[int], original: list[int], version) -> Episode:
         meta = {"turns": e.turns, "tool_calls": e.calls, "tool_errors": e.errors, "tool_timeouts": e.timeouts,

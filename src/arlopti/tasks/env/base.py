@@ -85,6 +85,8 @@ A ``reset`` that raises, times out or returns something other than a string or N
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
 from abc import ABC, abstractmethod
 from typing import Protocol, runtime_checkable
 
@@ -125,6 +127,86 @@ class EnvError(RuntimeError):
     and the message names the environment and what it did."""
 
 
+def shown(value, limit: int = 80) -> str:
+    """``value``'s repr in at most ``limit`` characters and ``...`` (an int too long even for ``repr``: its
+    first digits)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int over sys.get_int_max_str_digits: its leading digits, computed without str()
+        lead = abs(value) // 10 ** (_digits(value) - 30)
+        return f"{'-' if value < 0 else ''}{lead}..."
+    return text if len(text) <= limit else f"{text[:limit]}..."
+
+
+def _digits(value: int) -> int:
+    """How many decimal digits ``value`` has (within one, for an int too long for ``str``)."""
+    try:
+        return len(str(abs(value)))
+    except ValueError:
+        return int(abs(value).bit_length() * math.log10(2))
+
+
+def _typed(value) -> str:
+    """``value`` shown with its type (and a long int's number of digits): what an error names."""
+    name = type(value).__name__
+    article = "an" if name[:1].lower() in "aeiou" else "a"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**80:
+        return f"{shown(value)} ({article} {name}, {_digits(value)} digits)"
+    return f"{shown(value)} ({article} {name})"
+
+
+def check_done(env_name: str, done) -> bool:
+    """``step``'s ``done`` as a bool: True, False, or the ints 1 and 0. Anything else (``"no"`` is truthy) is an
+    :class:`EnvError` naming the environment, the call and the value."""
+    if isinstance(done, bool):
+        return done
+    if isinstance(done, numbers.Integral) and done in (0, 1):
+        return bool(done)
+    raise EnvError(f"the environment {env_name}: step returned done={_typed(done)}; done must be a bool "
+                   "(True or False; the ints 0 and 1 are read as such)")
+
+
+def check_reward(env_name: str, call: str, reward, where: str = "", optional: bool = True) -> float | None:
+    """A reward returned by ``call`` (``step``: None allowed when ``optional``; ``get_reward``) as a finite
+    float; anything else (a bool, a string, NaN, infinity, an int too large for a float) is an
+    :class:`EnvError` naming the environment, the call and the value (``where``: e.g. `` on prompt p/0``)."""
+    if reward is None and optional:
+        return None
+    problem = None
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+        problem = f"the reward {_typed(reward)}"
+    else:
+        try:
+            value = float(reward)
+        except OverflowError:
+            value, problem = math.inf, f"the reward {_typed(reward)}, too large for a float"
+        if problem is None and not math.isfinite(value):
+            problem = f"a non-finite reward {value}"
+    if problem is None:
+        return value
+    allowed = " (or None)" if optional else ""
+    raise EnvError(f"the environment {env_name}: {call} returned {problem}{where}; a reward must be a finite "
+                   f"float{allowed}, and the run stops rather than train on it")
+
+
+#: What ``step`` must return (:func:`check_step_value`).
+STEP_CONTRACT = "step must return (reply: str | None, done: bool, reward: float | None) or (reply, done)"
+
+
+def check_step_value(env_name: str, value) -> tuple[str | None, bool, float]:
+    """``(reply, done, reward)`` of what ``step`` returned: a triple, or the pair ``(reply, done)`` (reward
+    None, counting 0). The shape, ``done`` (:func:`check_done`) and the reward (:func:`check_reward`) are
+    checked; a break is an :class:`EnvError` naming the environment, the call and the value."""
+    shaped = isinstance(value, (tuple, list)) and len(value) in (2, 3)
+    shaped = shaped and (value[0] is None or isinstance(value[0], str))
+    reward = value[2] if shaped and len(value) == 3 else None
+    if not shaped or isinstance(reward, bool) or not (reward is None or isinstance(reward, numbers.Real)):
+        raise EnvError(f"the environment {env_name}: {STEP_CONTRACT}, and returned {shown(value, 120)}")
+    done = check_done(env_name, value[1])
+    reward = check_reward(env_name, "step", reward)
+    return value[0], done, 0.0 if reward is None else reward
+
+
 def is_text_env(cls: type) -> bool:
     """Whether ``cls`` follows the text contract: a :class:`TextEnv` subclass, or a class whose
     ``step`` takes exactly one parameter and it is named ``text`` (module docstring)."""
@@ -140,4 +222,5 @@ def is_text_env(cls: type) -> bool:
     return len(params) == 1 and params[0].name == "text"
 
 
-__all__ = ["EnvError", "RESERVED_METHODS", "TextEnv", "ToolEnv", "is_text_env"]
+__all__ = ["EnvError", "RESERVED_METHODS", "STEP_CONTRACT", "TextEnv", "ToolEnv", "check_done", "check_reward",
+           "check_step_value", "is_text_env", "shown"]
