@@ -15,7 +15,8 @@ averaged over the sets (unweighted, as the paper averages benchmarks) and
 ``val/<task>/mean/sets``, the number of sets that mean is over (the set names are logged; see
 :func:`mean_sets`). A set without prompts (every prompt over the length limit; the DataModules
 refuse empty files) is left out with a warning naming it, and ``.../mean/sets`` shows it. Under data parallelism
-each rank evaluates every ``world``-th prompt and ``reduce_sum`` adds the counts up.
+each rank evaluates every ``world``-th prompt and ``reduce_sum`` adds the counts up; a rank whose share
+of a set is empty (fewer prompts than ranks) takes part in every sum and reports the same metrics.
 
 With ``keep_items=True`` every response is also kept as one record in ``SetResult.items``
 (:func:`item_records`): ``uid``, ``set``, ``mode``, ``sample`` (0..n-1), ``reward``, ``correct``,
@@ -179,17 +180,19 @@ def evaluate_mode(engine: RolloutEngine, set_name: str, task_name: str, mine: li
     scored = task_for(task_name).score(texts, gts, metas) if texts else []
     scored = with_env_rewards(scored, [c for cs in comps for c in cs])
     correct = torch.tensor([float(r.correct) for r in scored], dtype=torch.float64).view(len(mine), mode.n)
-    has_fmt = bool(scored) and "format_ok" in scored[0].components
     stats = torch.tensor([
         float(len(mine)), float(correct.sum()),
         float(correct.max(dim=1).values.sum()) if correct.numel() else 0.0,
         float(sum(r.reward for r in scored)),
         float(sum(r.components.get("format_ok", 0.0) for r in scored)),
+        # whether the task reports a format check, summed too: a rank whose share is empty has no score to
+        # tell, and every rank must report the same metrics
+        float(bool(scored) and "format_ok" in scored[0].components),
     ], dtype=torch.float64)
     if reduce_sum is not None:
         stats = reduce_sum(stats).double().cpu()
     res = SetResult(set_name, task_name, mode.name, int(stats[0]), mode.n, float(stats[1]),
-                    float(stats[2]), float(stats[3]), float(stats[4]) if has_fmt else None)
+                    float(stats[2]), float(stats[3]), float(stats[4]) if stats[5] > 0 else None)
     res.samples = [{"prompt": s.prompt_text[-400:], "response": cs[0].text, "correct": bool(correct[i, 0])}
                    for i, (s, cs) in enumerate(zip(mine[:keep_samples], comps[:keep_samples]))]
     if keep_items:
