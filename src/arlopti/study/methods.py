@@ -10,7 +10,8 @@ Runs take a method as Hydra overrides (:func:`algorithm_overrides`: its ``algori
 overrides of ``algorithm=grpo``), and :func:`check_run_algorithm` checks in the run's own composed config
 (``.hydra/config.yaml``) that the run trained exactly that algorithm.
 
-The default list (:func:`default_methods`): GRPO, AR, Lopti, AR + Lopti, then every other
+The default list (:func:`default_methods`): GRPO, AR, Lopti, AR + Lopti, the step-matched controls
+(:data:`CONTROLS`), then every other
 ``kk_<m>.yaml`` that sets one method on its own, in name order, so that a rival lands in the study
 as soon as its experiment file does. Left out by rule:
 
@@ -31,6 +32,9 @@ from arlopti.config.compose import override_value
 log = logging.getLogger(__name__)
 
 BASE_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+#: The step-matched controls (issue 51): Lopti's and AR + Lopti's two passes per rollout batch over every token
+#: (configs/algorithm/grpo_two_steps.yaml); listed right after the base four when their files are there.
+CONTROLS = ("grpo_two_steps", "ar_two_steps")
 COMPOSITION_SUFFIXES = ("_ar_lopti", "_lopti", "_ar")
 #: Experiment files that are not a token-level method of their own, and why they stay out.
 NOT_TOKEN_LEVEL = {
@@ -59,9 +63,10 @@ def default_methods(config_dir: str | Path | None = None) -> list[str]:
     if missing:
         raise FileNotFoundError(f"experiment files kk_{missing[0]}.yaml ... are missing from "
                                 f"{experiment_dir(config_dir)}: the study needs {list(BASE_METHODS)}")
-    rest = [m for m in found if m not in BASE_METHODS and m not in NOT_TOKEN_LEVEL
+    controls = [m for m in CONTROLS if m in found]
+    rest = [m for m in found if m not in BASE_METHODS and m not in CONTROLS and m not in NOT_TOKEN_LEVEL
             and not any(m.endswith(s) for s in COMPOSITION_SUFFIXES)]
-    return list(BASE_METHODS) + rest
+    return list(BASE_METHODS) + controls + rest
 
 
 def parse_methods(text: str | None, config_dir: str | Path | None = None) -> list[str]:
