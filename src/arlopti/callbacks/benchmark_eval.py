@@ -19,8 +19,10 @@ import lightning.pytorch as L
 import torch
 
 from arlopti.callbacks.cadence import check_every, due
+from arlopti.callbacks.rollout import saved_stop
 from arlopti.eval.runner import KK_MODES, MATH_MODES, EvalMode, evaluate_sets
 from arlopti.tasks.base import Task, get_task, trainer_placement
+from arlopti.tasks.env.base import EnvError
 
 log = logging.getLogger(__name__)
 
@@ -92,10 +94,13 @@ class BenchmarkEvalCallback(L.Callback):
         if world > 1:
             def reduce_sum(t: torch.Tensor) -> torch.Tensor:
                 return trainer.strategy.reduce(t.to(pl_module.device), reduce_op="sum")
-        metrics, results = evaluate_sets(engine, sets, self.modes, self._task, self.max_new_tokens, seed=self.seed,
-                                         limit=self.limit, rank=trainer.global_rank, world=world,
-                                         reduce_sum=reduce_sum, keep_samples=self.log_samples,
-                                         turns=getattr(pl_module, "rollout_turns", None))  # task.env: episodes
+        try:
+            metrics, results = evaluate_sets(engine, sets, self.modes, self._task, self.max_new_tokens,
+                                             seed=self.seed, limit=self.limit, rank=trainer.global_rank, world=world,
+                                             reduce_sum=reduce_sum, keep_samples=self.log_samples,
+                                             turns=getattr(pl_module, "rollout_turns", None))  # task.env: episodes
+        except EnvError as err:  # the environment stops the run in validation too: keep the steps done first
+            raise saved_stop(trainer, pl_module, err) from err
         engine.sleep()
         for k, v in metrics.items():
             trainer.callback_metrics[k] = torch.tensor(v)

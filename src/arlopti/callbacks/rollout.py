@@ -112,6 +112,19 @@ def save_before_stopping(trainer, pl_module, why: str = "the rollout workers fai
             f"ckpt_path=last once {until}.")
 
 
+def saved_stop(trainer, pl_module, err: Exception) -> Exception:
+    """``err`` (the rollout workers lost, or ``task.env`` broke its contract or its error rule) as the one line
+    that stops the run, once the steps done are saved (:func:`save_before_stopping`; issue 42): raised by the
+    rollout step, DAPO's extra rounds and validation alike. One line: a command line shows a failure as one."""
+    if isinstance(err, RolloutWorkersLost):  # the worker's log tail, if any, is in its log file
+        note = save_before_stopping(trainer, pl_module)
+    elif pl_module.rollout_step > 0:
+        note = save_before_stopping(trainer, pl_module, "the environment failed", "the environment is fixed")
+    else:
+        note = "No rollout step was done: no checkpoint is written."
+    return type(err)(" ".join(f"{err} {note}".split()))
+
+
 def resume_note(rollout_cfg, step: int) -> str | None:
     """What a run resumed at rollout step ``step`` must be told about its samples, or None: under
     ``placement=server`` with ``max_staleness = k >= 1`` the batches in flight at the stop are not in
@@ -208,19 +221,14 @@ class RolloutCallback(L.Callback):
             opt.zero_grad(set_to_none=True)
         ahead = self.ahead(trainer, pl_module, batch) if pl_module.cfg.rollout.placement == "server" else None
         timings = {"rollout_s": 0.0, "scoring_s": 0.0, "sync_s": 0.0}
-        try:
-            got = self.collect(pl_module, batch, timings, ahead=ahead)
-        except RolloutWorkersLost as err:
-            # one line (a command line shows a failure as one): the worker's log tail, if any, is in its log file
-            raise RolloutWorkersLost(" ".join(f"{err} {save_before_stopping(trainer, pl_module)}".split())) from err
-        except EnvError as err:  # task.env broke its contract or its error rule: keep the steps done (issue 42)
-            note = (save_before_stopping(trainer, pl_module, "the environment failed", "the environment is fixed")
-                    if pl_module.rollout_step > 0 else "No rollout step was done: no checkpoint is written.")
-            raise EnvError(" ".join(f"{err} {note}".split())) from err
-        groups = self.score(batch, got.groups, pl_module, timings)
         stats: dict[str, float] = {}
-        if pl_module.cfg.algorithm.dapo.dynamic_sampling:
-            groups, stats = self.dynamic_sampling(trainer, pl_module, batch, groups, timings)
+        try:  # DAPO's extra rounds generate too: a failure there keeps the steps done as the first round's does
+            got = self.collect(pl_module, batch, timings, ahead=ahead)
+            groups = self.score(batch, got.groups, pl_module, timings)
+            if pl_module.cfg.algorithm.dapo.dynamic_sampling:
+                groups, stats = self.dynamic_sampling(trainer, pl_module, batch, groups, timings)
+        except (RolloutWorkersLost, EnvError) as err:
+            raise saved_stop(trainer, pl_module, err) from err
         t1 = time.perf_counter()
         self.source.release()
         timings["rollout_s"] += time.perf_counter() - t1
