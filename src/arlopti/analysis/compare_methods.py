@@ -29,8 +29,9 @@ each method:
     responses' scores (so every estimator sees the signal the GRPO rows see; synthetic ±1 ones
     included), with π_θ's Σ p² for OTB;
 
-  AR: A' = (α·p_old + 1 − α)·A; Lopti: A on the low phase (p_old < η), then the high phase. Where A is 0,
-  c is reported as 1;
+  AR: A' = (α·p_old + 1 − α)·A; Lopti: A on the low phase (p_old < η), then the high phase; the
+  step-matched controls (:data:`STEP_MATCHED`, asked for by name): GRPO's or AR's A' in two steps, every
+  token in both (:func:`base_phases`). Where A is 0, c is reported as 1;
 * ``effective_weight``: the mean c_t per bucket of p_old (the multiplier relative to GRPO; Lopti 1);
 * ``mass_share``: the gradient-mass share per bucket, Σ|A'_t|·(1 − p_t) over the bucket divided by
   the total (:func:`arlopti.algorithms.buckets.grad_mass_shares`; Lopti: both phases' tokens);
@@ -41,7 +42,13 @@ each method:
   sum to 1; Lopti and AR + Lopti: of the low phase's step, so the high buckets show 0);
 * after the method's update (one optimizer step per phase, a fresh optimizer from θ, as
   :mod:`.update_direction`): the Fig. 3 fractions ``pos_frac`` / ``neg_frac`` per bucket and the
-  mean Δp over A > 0 / A < 0 tokens per bucket (:func:`.prob_shift.delta_p_stats`).
+  mean Δp over A > 0 / A < 0 tokens per bucket (:func:`.prob_shift.delta_p_stats`), and the counts
+  behind the fractions (:mod:`.direction_counts`): ``pos_rose`` / ``neg_fell`` (k of each fraction's n)
+  and, when GRPO is measured, ``vs_grpo``: per bucket and sign the discordant tokens (right way under one
+  update and not the other) and the responses that moved more / fewer / as many of their tokens the right
+  way as under GRPO. The result's ``support`` gives each bucket and sign's n: its tokens, and the
+  responses and groups they come from. The tokens of one batch share one update and are not
+  independent: the responses, the groups and the batches are the units.
 
 Every method runs under the analysis's token-mean over all tokens (``LossConfig``'s settings
 elsewhere), whatever aggregation its experiment sets. Buckets are by p_old; the update-direction sign is
@@ -67,6 +74,7 @@ from arlopti.algorithms.advantages import OldPolicyStats
 from arlopti.algorithms.token_methods import effective_weight, make_context, token_shaping
 from arlopti.algorithms.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_index, bucket_means, grad_mass_shares,
                                       per_bucket_dict, update_direction_counts, update_direction_fractions)
+from arlopti.analysis.direction_counts import discordant, moved_counts, right_way, support
 from arlopti.analysis.prob_shift import delta_p_stats
 from arlopti.analysis.updates import (LossSpec, WeightSnapshot, add_gradients, apply_gradient, loss_gradients,
                                       make_optimizer, micro_batches, sampled_log_probs, trainable)
@@ -77,6 +85,9 @@ from arlopti.ops.tile_stats import StatsRequest, TokenStats
 log = logging.getLogger(__name__)
 
 BASE_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+#: The step-matched controls (issue 51; configs/algorithm/grpo_two_steps.yaml): GRPO's and AR's advantages with
+#: Lopti's two optimizer steps, every token in both. Measured when asked for (--methods, the study), not by default.
+STEP_MATCHED = ("grpo_two_steps", "ar_two_steps")
 #: the defaults each registry's entries are compared against (GRPO is them all)
 _DEFAULTS = {"token_method": "none", "policy_loss": "ppo_clip", "estimator": "grpo"}
 #: losses whose gradient also leaves the sampled tokens (SimKO's top K): their first step runs on the model
@@ -96,7 +107,7 @@ def registered_methods() -> tuple[str, ...]:
 
 def method_kind(name: str) -> str:
     """``base``, ``token_method``, ``policy_loss`` or ``estimator`` (a name is in one registry only)."""
-    if name in BASE_METHODS:
+    if name in BASE_METHODS or name in STEP_MATCHED:
         return "base"
     for kind, reg in (("token_method", TOKEN_METHODS), ("policy_loss", POLICY_LOSSES),
                       ("estimator", ADVANTAGE_ESTIMATORS)):
@@ -106,6 +117,16 @@ def method_kind(name: str) -> str:
 
 
 METHODS = registered_methods()
+#: Every method compare-methods can measure: the default list and the step-matched controls.
+KNOWN_METHODS = METHODS + STEP_MATCHED
+
+
+def base_phases(name: str, valid: Tensor, low: Tensor, high: Tensor) -> list[Tensor]:
+    """The token masks of a base method's optimizer steps, in order: Lopti ``[low, high]``, a step-matched
+    control ``[valid, valid]`` (Lopti's two steps, every token in both), GRPO and AR ``[valid]``."""
+    if name.endswith("lopti"):
+        return [low, high]
+    return [valid, valid] if name in STEP_MATCHED else [valid]
 
 
 def method_config(name: str, token_cfg: TokenMethodConfig) -> LossConfig:
@@ -193,9 +214,9 @@ def method_plan(name: str, old: Tensor, entropy: Tensor, adv: Tensor, mask: Tens
     cur = old if cur is None else cur
     dist = TokenStats() if dist is None else dist
     kind = method_kind(name)
-    if name in ("grpo", "lopti"):
+    if name in ("grpo", "lopti", "grpo_two_steps"):
         c = ones
-    elif name in ("ar", "ar_lopti"):
+    elif name in ("ar", "ar_lopti", "ar_two_steps"):
         c = advantage_reweight(ones, old, alpha)
     elif kind == "token_method":
         ctx = make_context(cur, old, adv * mask, mask, mask, entropy, dist=dist)
@@ -213,7 +234,7 @@ def method_plan(name: str, old: Tensor, entropy: Tensor, adv: Tensor, mask: Tens
             raise ValueError(f"method {name!r} is an advantage estimator: method_plan needs the batch's scores")
         return _multiplier(_estimator_advantages(name, batch, cur, dist), adv, mask), \
             _estimator_advantages(name, batch, cur, dist), [valid]
-    phases = [low, high] if name.endswith("lopti") and kind == "base" else [valid]
+    phases = base_phases(name, valid, low, high) if kind == "base" else [valid]
     return c * mask, adv * c, phases
 
 
@@ -257,11 +278,12 @@ def _spec_gradients(policy, batch, old: Tensor, adv_eff: Tensor, micro_batch_siz
 
 
 def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Tensor], idx: Tensor, optimizer: str,
-                   lr: float, micro_batch_size: int, gradients=None) -> dict:
+                   lr: float, micro_batch_size: int, gradients=None) -> tuple[dict, Tensor]:
     """One method's update from the current weights (module docstring): the per-bucket gradient
     norm shares of its first step, its phases' optimizer steps, then the direction and size of the
-    probability changes by bucket. ``gradients`` (``masks -> bank``; default GRPO with ``adv_eff``,
-    :func:`_spec_gradients`) computes a loss's gradient restricted to each mask's tokens."""
+    probability changes by bucket; returns them and the updated log-probs ``[B, R]``. ``gradients``
+    (``masks -> bank``; default GRPO with ``adv_eff``, :func:`_spec_gradients`) computes a loss's gradient
+    restricted to each mask's tokens."""
     mask, adv, p_old = batch.response_mask, batch.advantages, torch.exp(old.float())
     gradients = gradients or _spec_gradients(policy, batch, old, adv_eff, micro_batch_size)
     first = phases[0].bool()
@@ -291,7 +313,7 @@ def _method_update(policy, batch, old: Tensor, adv_eff: Tensor, phases: list[Ten
             "pos_frac": per_bucket_dict(pos), "neg_frac": per_bucket_dict(neg),
             "delta_p_pos_mean": per_bucket_dict(dp["delta_p_pos_mean"]),
             "delta_p_neg_mean": per_bucket_dict(dp["delta_p_neg_mean"]),
-            "grad_norms": norms, "first_step_grad_norm": gg ** 0.5}
+            "grad_norms": norms, "first_step_grad_norm": gg ** 0.5}, new
 
 
 def compare_methods(policy, batch, methods: tuple[str, ...], alpha: float, eta: float, optimizer: str = "sgd",
@@ -312,7 +334,7 @@ def compare_methods(policy, batch, methods: tuple[str, ...], alpha: float, eta: 
     p_old = torch.exp(old.float())
     idx = bucket_index(p_old)
     snap = WeightSnapshot(policy)
-    results, seen = {}, []
+    results, seen, moved = {}, [], {}
     try:
         for m in methods:
             d = dist if m not in _MODEL_LOSSES else dist._replace(top_log_probs=_top_k(policy, batch, m, token_cfg,
@@ -324,7 +346,7 @@ def compare_methods(policy, batch, methods: tuple[str, ...], alpha: float, eta: 
             seen.append((m, adv_eff, phases) if m not in _MODEL_LOSSES else (m, torch.full_like(adv, math.nan), []))
             entry = {"kind": kinds[m], "effective_weight": per_bucket_dict(bucket_means(c, p_old, mask))}
             if same is not None:  # identical first step (e.g. Archer, KL-Cov vs GRPO): identical numbers
-                results[m] = {**results[same], **entry, "same_update_as": same}
+                results[m], moved[m] = {**results[same], **entry, "same_update_as": same}, moved[same]
                 continue
             log.info("compare-methods: %s", m)
             snap.restore()
@@ -333,13 +355,18 @@ def compare_methods(policy, batch, methods: tuple[str, ...], alpha: float, eta: 
                 cfg, req = method_config(m, token_cfg), method_stats(m, token_cfg, batch.temperature)
                 grads = lambda masks, cfg=cfg, req=req: objective_gradients(  # noqa: E731
                     policy, batch, old, adv, cfg, masks, req, micro_batch_size)
-            results[m] = {**entry, **_method_update(policy, batch, old, adv_eff, phases, idx, optimizer, lr,
-                                                    micro_batch_size, grads)}
+            numbers, new = _method_update(policy, batch, old, adv_eff, phases, idx, optimizer, lr, micro_batch_size,
+                                          grads)
+            moved[m] = right_way(old, new, adv, mask)
+            results[m] = {**entry, **numbers, **moved_counts(moved[m], idx, adv, mask)}
     finally:
         snap.restore()
+    for m in (m for m in results if m != "grpo" and "grpo" in moved):
+        results[m]["vs_grpo"] = discordant(moved[m], moved["grpo"], idx, adv, mask)
     return {"optimizer": optimizer, "lr": lr, "alpha": alpha, "eta": eta,
             "token_method": {k: v for k, v in vars(token_cfg).items() if k != "name"},
             "advantage_source": batch.advantage_source, "methods": results,
+            "support": support(idx, adv, mask, batch.group_ids),
             "tokens_per_bucket": per_bucket_dict(torch.stack([(idx[mask.bool()] == b).sum() for b in
                                                               range(NUM_BUCKETS)]).float())}
 
@@ -360,15 +387,22 @@ def _top_k(policy, batch, name: str, token_cfg: TokenMethodConfig, micro_batch_s
 
 
 def markdown_table(result: dict, bucket: str = BUCKET_NAMES[-1]) -> str:
-    """One row per method: the numbers of one bucket (default the highest, (.75, 1])."""
+    """One row per method: the numbers of one bucket (default the highest, (.75, 1]); each direction fraction
+    with its count k / n (tokens of one batch: not independent samples)."""
     def f(v, fmt="{:.3f}"):
         return "–" if v is None else fmt.format(v)
+
+    def frac(r, key, count, sign):
+        n = result.get("support", {}).get(sign, {}).get("tokens", {}).get(bucket)
+        k = r.get(count, {}).get(bucket)
+        return f(r[key][bucket]) + ("" if n is None or k is None else f" ({k}/{n})")
 
     lines = [f"| method | weight vs GRPO | mass share | norm share | A>0 rose | A<0 fell | mean Δp (A>0) | "
              f"mean Δp (A<0) |", "|---|---|---|---|---|---|---|---|"]
     for m, r in result["methods"].items():
         lines.append(f"| {m} | {f(r['effective_weight'][bucket])} | {f(r['mass_share'][bucket])} | "
-                     f"{f(r['norm_share'][bucket])} | {f(r['pos_frac'][bucket])} | {f(r['neg_frac'][bucket])} | "
+                     f"{f(r['norm_share'][bucket])} | {frac(r, 'pos_frac', 'pos_rose', 'pos')} | "
+                     f"{frac(r, 'neg_frac', 'neg_fell', 'neg')} | "
                      f"{f(r['delta_p_pos_mean'][bucket], '{:+.2e}')} | {f(r['delta_p_neg_mean'][bucket], '{:+.2e}')} |")
     return "\n".join(lines)
 

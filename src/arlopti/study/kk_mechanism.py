@@ -20,7 +20,7 @@ log = logging.getLogger("arlopti.study")
 
 def kk_mechanism(args) -> dict:
     """Measure the batches ``--first-batch`` .. ``+ --batches`` that ``--out`` lacks (module docstring)."""
-    from arlopti.analysis.compare_methods import METHODS
+    from arlopti.analysis.compare_methods import KNOWN_METHODS
     from arlopti.analysis.inputs import load_policy
     from arlopti.study.kk import demo_settings
     from arlopti.study.mechanism import shared_settings
@@ -37,7 +37,7 @@ def kk_mechanism(args) -> dict:
         methods = parse_methods(args.methods)
         demo = demo_settings()
         algos = method_algorithms(methods, demo["max_new_tokens"])
-        known = {m: a for m, a in algos.items() if m in METHODS}
+        known = {m: a for m, a in algos.items() if m in KNOWN_METHODS}
         loaded = load_policy(args.model, demo["cold_start_steps"])
         for b in todo:
             measure_batch(args, b, loaded, methods, known, (*shared_settings(known), demo["lr"]), wanted[b])
@@ -47,7 +47,7 @@ def kk_mechanism(args) -> dict:
 def measure_batch(args, b: int, loaded, methods: list[str], known: dict, settings: tuple, path: Path) -> None:
     """Batch ``b`` sampled from ``loaded`` and every method of ``known`` measured on it with ``settings`` =
     ``(α, η, token_cfg, lr)``, into ``path`` (whole or absent: written under a temporary name, then renamed)."""
-    from arlopti.analysis.compare_methods import METHODS, compare_methods
+    from arlopti.analysis.compare_methods import KNOWN_METHODS, compare_methods
     from arlopti.analysis.inputs import sample_kk_batch
     from arlopti.study.mechanism import mechanism_entry
 
@@ -58,12 +58,19 @@ def measure_batch(args, b: int, loaded, methods: list[str], known: dict, setting
     r = compare_methods(loaded.policy, batch, tuple(known), alpha, eta, "adamw", lr,
                         micro_batch_size=args.micro_batch, token_cfg=token_cfg)
     result = {"batch_index": b, "batch": {k: v for k, v in batch.summary().items() if k != "model_info"},
-              "model": loaded.info, "tokens_per_bucket": r["tokens_per_bucket"],
+              "model": portable_info(loaded.info), "tokens_per_bucket": r["tokens_per_bucket"], "support": r["support"],
               "advantage_source": batch.advantage_source, "optimizer": "adamw", "lr": lr,
               "alpha": alpha, "eta": eta, "methods": {m: {**mechanism_entry(e), "same_update_as":
                                                            e.get("same_update_as")} for m, e in r["methods"].items()},
-              "not_measured": [m for m in methods if m not in METHODS], "seconds": time.perf_counter() - t1}
+              "not_measured": [m for m in methods if m not in KNOWN_METHODS], "seconds": time.perf_counter() - t1}
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     tmp.replace(path)
     log.info("kk-mechanism: batch %d (%d tokens) in %.0f s", b, result["batch"]["tokens"], result["seconds"])
+
+
+def portable_info(info: dict) -> dict:
+    """The loaded model's record without a machine path: the cold start's cache folder by its name only."""
+    if "cold_start_cache" not in info:
+        return dict(info)
+    return {**info, "cold_start_cache": Path(info["cold_start_cache"]).name}

@@ -22,9 +22,12 @@ import json
 from pathlib import Path
 
 from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES
+from arlopti.study.mechanism import MECHANISM_KEYS
 
 ACC_KEY = "val/kk/mean/greedy/acc"
 TOP = BUCKET_NAMES[-1]
+#: The per-bucket numbers of a batch file's method entry summarised over the batches (the rest: kept per batch).
+PER_BUCKET_KEYS = MECHANISM_KEYS + ("pos_rose", "neg_fell")
 
 
 def _mean(xs):
@@ -40,12 +43,14 @@ def mechanism_summary(folder: Path) -> dict | None:
     methods = list(batches[0]["methods"])
     out = {}
     for m in methods:
-        keys = [k for k in batches[0]["methods"][m] if k != "same_update_as"]
+        keys = [k for k in batches[0]["methods"][m] if k in PER_BUCKET_KEYS]
         out[m] = {k: {b: {"per_batch": [x["methods"][m][k][b] for x in batches],
                           "mean": _mean([x["methods"][m][k][b] for x in batches])} for b in BUCKET_NAMES}
                   for k in keys}
         out[m]["same_update_as"] = batches[0]["methods"][m].get("same_update_as")
-    return {"batches": len(batches), "methods": out,
+        if "vs_grpo" in batches[0]["methods"][m]:
+            out[m]["vs_grpo"] = [x["methods"][m]["vs_grpo"] for x in batches]
+    return {"batches": len(batches), "methods": out, "support": [x.get("support") for x in batches],
             "tokens_per_bucket": [x["tokens_per_bucket"] for x in batches],
             "batch": [x["batch"] for x in batches], "seconds": [x["seconds"] for x in batches],
             "advantage_source": [x["advantage_source"] for x in batches], "not_measured": batches[0]["not_measured"]}
@@ -119,6 +124,40 @@ def mechanism_markdown(mech: dict) -> str:
     return "\n".join(lines)
 
 
+def counts_markdown(mech: dict) -> str:
+    """The counts behind the top bucket's A > 0 "rose" fraction, batch by batch (the batch files' ``support``,
+    ``pos_rose`` and ``vs_grpo``, :mod:`arlopti.analysis.direction_counts`), and the batches as the unit: in
+    how many batches the method raised more of these tokens than GRPO, and in how many fewer."""
+    sup = mech["support"]
+    n = ", ".join(f"{s['pos']['tokens'][TOP]} tokens, {s['pos']['responses'][TOP]} responses, "
+                  f"{s['pos']['groups'][TOP]} groups" for s in sup)
+    lines = [f"A > 0 tokens in {BUCKET_LABELS[-1]}, per batch: {n}.\n",
+             f"| method | rose k / n, per batch | discordant tokens vs grpo: this only / grpo only, per batch | "
+             f"responses more / fewer / as many rose as under grpo, per batch | batches more / fewer than grpo |",
+             "|---|---|---|---|---|"]
+    for m, e in mech["methods"].items():
+        if "pos_rose" not in e:
+            continue
+        ks = e["pos_rose"][TOP]["per_batch"]
+        rose = ", ".join(f"{k} / {s['pos']['tokens'][TOP]}" for k, s in zip(ks, sup))
+        vs = [v["pos"][TOP] for v in e.get("vs_grpo", [])]
+        disc = ", ".join(f"{v['this_only']} / {v['base_only']}" for v in vs) or "–"
+        resp = ", ".join(f"{v['responses_more']} / {v['responses_fewer']} / {v['responses_same']}" for v in vs) or "–"
+        base = mech["methods"]["grpo"]["pos_rose"][TOP]["per_batch"] if "grpo" in mech["methods"] else None
+        sign = (f"{sum(k > g for k, g in zip(ks, base))} / {sum(k < g for k, g in zip(ks, base))} of {len(ks)}"
+                if base and m != "grpo" else "–")
+        lines.append(f"| {m} | {rose} | {disc} | {resp} | {sign} |")
+    return "\n".join(lines)
+
+
+PER_TOKEN_NOTE = ("\nThe direction fractions and mean Δp are per token: the tokens of a batch are not independent "
+                  "samples (one shared update; a response's tokens share its advantage). Their counts, and the "
+                  "responses and groups behind them, are in the counts table below.")
+COUNTS_NOTE = ("\nThe tokens of a batch move under one shared update, and those of a response share its advantage: "
+               "they are not independent samples, and a token-level standard error would overstate what a batch "
+               "shows. The units are the responses and the batches.")
+
+
 def delta_p_markdown(mech: dict) -> str:
     """Δp by bucket: per method the mean Δp of the A > 0 and of the A < 0 tokens and the A > 0 "rose"
     fraction in each bucket (means over the batches; ``delta_p_pos_mean`` etc. of compare-methods)."""
@@ -187,11 +226,15 @@ def kk_report(args) -> dict:
     md = ["# Study, K&K at CPU scale (SmolLM2-135M-Instruct after the demo's cold start)\n"]
     if mech:
         md += [f"## Mechanism: every method's first update on the same {mech['batches']} batches\n",
-               mechanism_markdown(mech), "\n### Δp by probability bucket (mean over the batches)\n",
+               mechanism_markdown(mech), PER_TOKEN_NOTE, "\n### Δp by probability bucket (mean over the batches)\n",
                delta_p_markdown(mech)]
+        if any(mech["support"]):
+            md += [f"\n### The counts behind the A>0 rose fraction in {BUCKET_LABELS[-1]}\n", counts_markdown(mech),
+                   COUNTS_NOTE]
     if pilot:
         md += ["\n## Learning pilot: final greedy validation accuracy, paired by puzzle\n", pilot_markdown(pilot)]
-    result = {"mechanism": mech, "pilot": pilot, "files": {"png": save(plot_kk(mech, pilot), out / "kk_study.png")}}
+    png = Path(save(plot_kk(mech, pilot), out / "kk_study.png")).name  # no machine path
+    result = {"mechanism": mech, "pilot": pilot, "files": {"png": png}}
     (out / "kk_study.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     (out / "kk_tables.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

@@ -26,6 +26,9 @@ from arlopti.config import AlgorithmConfig, TokenMethodConfig
 #: What the study keeps of a compare-methods entry, each a dict per bucket.
 MECHANISM_KEYS = ("effective_weight", "mass_share", "norm_share", "bucket_grad_norm", "pos_frac", "neg_frac",
                   "delta_p_pos_mean", "delta_p_neg_mean")
+#: The counts behind the fractions (:mod:`arlopti.analysis.direction_counts`), kept beside them: k of each
+#: fraction per bucket, and against GRPO the discordant tokens and the responses that moved more / fewer.
+COUNT_KEYS = ("pos_rose", "neg_fell", "vs_grpo")
 
 
 def first_batch(seed: int, sizes, tokenizer, run_folder: Path, warm_cache=None):
@@ -78,23 +81,25 @@ def shared_settings(algos: dict[str, AlgorithmConfig]) -> tuple[float, float, To
 
 
 def mechanism_entry(entry: dict) -> dict:
-    """The per-bucket numbers the study keeps of one ``compare-methods`` entry."""
-    return {k: entry[k] for k in MECHANISM_KEYS}
+    """The per-bucket numbers the study keeps of one ``compare-methods`` entry, and its counts (GRPO has no
+    ``vs_grpo``)."""
+    return {**{k: entry[k] for k in MECHANISM_KEYS}, **{k: entry[k] for k in COUNT_KEYS if k in entry}}
 
 
 def seed_mechanism(seed: int, algos: dict[str, AlgorithmConfig], sizes, tokenizer, run_folder: Path,
                    warm_cache=None) -> dict:
-    """``{"batch", "tokens_per_bucket", "methods": {method: per-bucket numbers}, "not_measured"}`` of one
+    """``{"batch", "tokens_per_bucket", "support", "methods": {method: per-bucket numbers and counts},
+    "not_measured"}`` of one
     seed, on the first batch of the run in ``run_folder``: one ``compare-methods`` call
     (:func:`shared_settings`) over the methods it knows."""
-    from arlopti.analysis.compare_methods import METHODS, compare_methods
+    from arlopti.analysis.compare_methods import KNOWN_METHODS, compare_methods
 
     policy, batch = first_batch(seed, sizes, tokenizer, run_folder, warm_cache)
-    known = {m: a for m, a in algos.items() if m in METHODS}
+    known = {m: a for m, a in algos.items() if m in KNOWN_METHODS}
     alpha, eta, token_cfg = shared_settings(known)
     r = compare_methods(policy, batch, tuple(known), alpha, eta, "adamw", sizes.lr,
                         micro_batch_size=sizes.mini_batch_size, token_cfg=token_cfg)
     return {"batch": {k: v for k, v in batch.summary().items() if k != "model_info"},
-            "tokens_per_bucket": r["tokens_per_bucket"],
+            "tokens_per_bucket": r["tokens_per_bucket"], "support": r["support"],
             "methods": {m: mechanism_entry(e) for m, e in r["methods"].items()},
-            "not_measured": [m for m in algos if m not in METHODS]}
+            "not_measured": [m for m in algos if m not in KNOWN_METHODS]}
