@@ -84,6 +84,31 @@ def default_out(part: str) -> Path:
     return Path(compose().paths.log_dir) / "study" / DEFAULT_FOLDER[part]
 
 
+def portable_path(text: str, root: Path | None = None) -> str:
+    """A path as a recorded command may show it: relative to the checkout (``root``, default this one's) when
+    it lies inside it, ``<path>`` when it is an absolute path elsewhere (no machine path in docs/figures/),
+    else unchanged."""
+    root = Path(__file__).resolve().parents[3] if root is None else Path(root)
+    path = Path(text)
+    full = path.resolve() if path.is_absolute() or path.exists() else None
+    if full is not None and full.is_relative_to(root.resolve()):
+        return str(full.relative_to(root.resolve())) or "."
+    return "<path>" if path.is_absolute() else text
+
+
+def portable_command(words: list[str], root: Path | None = None) -> str:
+    """``words`` joined into the command study.json and tables.md record, each path through
+    :func:`portable_path` (``--out=/x`` too)."""
+    out = []
+    for w in words:
+        key, eq, value = w.partition("=") if w.startswith("--") else ("", "", w)
+        if eq:
+            out.append(f"{key}={portable_path(value, root)}")
+        else:
+            out.append(w if w.startswith("-") else portable_path(w, root))
+    return " ".join(out)
+
+
 def run_part(args) -> dict:
     """Run ``args.part`` (its options already checked)."""
     if args.part == "toy":
@@ -109,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    args.command_line = " ".join(["arlopti", "study", *argv])  # what study.json records
+    args.command_line = portable_command(["arlopti", "study", *argv])  # what study.json records
     check_study_args(args)  # before anything runs, --threads included
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if args.out is None:

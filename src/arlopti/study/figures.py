@@ -13,8 +13,10 @@ import matplotlib.pyplot as plt
 from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES
 
 DPI = 80
-#: The paper's methods, drawn in the first panel of the curves; the others in the second.
-PAPER_METHODS = ("grpo", "ar", "lopti", "ar_lopti")
+#: The paper's methods and their step-matched controls (dashed), drawn in the first panel of the curves; the
+#: others in the second.
+PAPER_METHODS = ("grpo", "ar", "lopti", "ar_lopti", "grpo_two_steps", "ar_two_steps")
+CONTROLS = ("grpo_two_steps", "ar_two_steps")
 
 
 def _nan(v):
@@ -25,14 +27,16 @@ def plot_curves(table: dict, caption: str = ""):
     """Mean reward per rollout step with its 95% bootstrap band over seeds; GRPO in both panels."""
     others = [m for m in table if m not in PAPER_METHODS]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
-    for ax, names, title in ((axes[0], [m for m in PAPER_METHODS if m in table], "GRPO and the paper's methods"),
+    for ax, names, title in ((axes[0], [m for m in PAPER_METHODS if m in table],
+                              "GRPO, the paper's methods and the step-matched controls (dashed)"),
                              (axes[1], ["grpo", *others], "GRPO and the other methods")):
         cmap = plt.get_cmap("tab20")
         for i, m in enumerate(names):
             c = table[m]["curve"]
             xs = list(range(1, len(c["mean"]) + 1))
             color = "black" if m == "grpo" else cmap(i % 20)
-            ax.plot(xs, c["mean"], label=m, color=color, lw=1.6 if m == "grpo" else 1.1)
+            ax.plot(xs, c["mean"], label=m, color=color, lw=1.6 if m == "grpo" else 1.1,
+                    ls="--" if m in CONTROLS else "-")
             ax.fill_between(xs, [_nan(v) for v in c["lo"]], [_nan(v) for v in c["hi"]], color=color, alpha=0.12)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("rollout step")

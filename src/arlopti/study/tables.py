@@ -19,7 +19,8 @@ bucket, :func:`mean_ci` over seeds. :func:`markdown_tables` renders the headline
 from __future__ import annotations
 
 from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES, NUM_BUCKETS
-from arlopti.study.stats import curve_bands, mean_ci, paired, steps_to_threshold
+from arlopti.study.mechanism import MECHANISM_KEYS
+from arlopti.study.stats import adjusted_ci, bonferroni, curve_bands, mean_ci, paired, steps_to_threshold
 
 TOP, LOW = BUCKET_NAMES[-1], BUCKET_NAMES[0]
 TOP_LABEL, LOW_LABEL = BUCKET_LABELS[-1], BUCKET_LABELS[0]
@@ -73,15 +74,69 @@ def method_table(runs: dict[str, dict[int, dict]], seeds: list[int], baselines: 
 
 
 def mechanism_table(per_seed: list[dict]) -> dict:
-    """``{method: {key: {bucket: mean_ci over seeds}}}`` from :func:`seed_mechanism` results."""
+    """``{method: {key: {bucket: mean_ci over seeds}}}`` from :func:`seed_mechanism` results, for each of
+    :data:`~arlopti.study.mechanism.MECHANISM_KEYS`; with the counts (files that have them):
+    ``top_counts`` (:func:`top_bucket_counts`) and ``top_rose_vs_grpo``, the top bucket's first-step A > 0
+    "rose" fraction paired against GRPO's by seed (:func:`~arlopti.study.stats.paired`: the seed is the unit)."""
     methods = list(per_seed[0]["methods"]) if per_seed else []
     out = {}
     for m in methods:
-        keys = per_seed[0]["methods"][m]
+        keys = [k for k in MECHANISM_KEYS if k in per_seed[0]["methods"][m]]
         out[m] = {k: {b: mean_ci([s["methods"][m][k][b] for s in per_seed]) for b in BUCKET_NAMES} for k in keys}
+        if "pos_rose" in per_seed[0]["methods"][m]:
+            out[m]["top_counts"] = top_bucket_counts(per_seed, m)
+        if m != "grpo" and "grpo" in methods:
+            out[m]["top_rose_vs_grpo"] = paired([s["methods"][m]["pos_frac"][TOP] for s in per_seed],
+                                                [s["methods"]["grpo"]["pos_frac"][TOP] for s in per_seed])
     tokens = {b: mean_ci([s["tokens_per_bucket"][b] for s in per_seed]) for b in BUCKET_NAMES} if per_seed else {}
     return {"methods": out, "tokens_per_bucket": tokens,
             "not_measured": per_seed[0]["not_measured"] if per_seed else []}
+
+
+def top_bucket_counts(per_seed: list[dict], method: str) -> dict:
+    """The top bucket's A > 0 counts of ``method``'s first step, summed over the seeds: ``rose`` of ``tokens``,
+    the ``responses`` and ``groups`` they come from, and against GRPO (when measured) the discordant tokens
+    (``this_only`` / ``grpo_only``) and the responses that raised more / fewer of their tokens
+    (:mod:`arlopti.analysis.direction_counts`). Descriptive: tokens of one seed share one update."""
+    def total(get):
+        return sum(get(s) for s in per_seed)
+
+    out = {"rose": total(lambda s: s["methods"][method]["pos_rose"][TOP]),
+           "tokens": total(lambda s: s["support"]["pos"]["tokens"][TOP]),
+           "responses": total(lambda s: s["support"]["pos"]["responses"][TOP]),
+           "groups": total(lambda s: s["support"]["pos"]["groups"][TOP])}
+    if "vs_grpo" in per_seed[0]["methods"][method]:
+        for key, name in (("this_only", "this_only"), ("base_only", "grpo_only"), ("responses_more", "responses_more"),
+                          ("responses_fewer", "responses_fewer")):
+            out[name] = total(lambda s, key=key: s["methods"][method]["vs_grpo"]["pos"][TOP][key])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the step-matched control
+#: (method, its step-matched control): the comparisons the control exists for (issue 51); one family.
+CONTROL_PAIRS = (("lopti", "grpo_two_steps"), ("ar_lopti", "ar_two_steps"))
+#: (control, the one-step method it extends): what the second step alone does; a second family.
+SECOND_STEP_PAIRS = (("grpo_two_steps", "grpo"), ("ar_two_steps", "ar"))
+CONTROL_KEYS = ("steps_to_threshold", "auc", "final")
+
+
+def control_table(runs: dict[str, dict[int, dict]], seeds: list[int], pairs=CONTROL_PAIRS) -> list[dict]:
+    """One row per pair of ``pairs`` whose two methods are in ``runs``: for each of :data:`CONTROL_KEYS`,
+    :func:`~arlopti.study.stats.paired` (method − control by seed) with the Bonferroni-adjusted sign-test p
+    and the family-wise CI (:func:`~arlopti.study.stats.adjusted_ci`), the family being every test of the
+    table (rows x keys)."""
+    present = [(m, c) for m, c in pairs if m in runs and c in runs]
+    tests = len(present) * len(CONTROL_KEYS)
+    rows = []
+    for m, c in present:
+        row = {"method": m, "control": c, "comparisons": tests}
+        for key in CONTROL_KEYS:
+            a, b = [runs[m][s][key] for s in seeds], [runs[c][s][key] for s in seeds]
+            p = paired(a, b)
+            row[key] = {**p, "p_adjusted": bonferroni(p["sign_test_p"], tests),
+                        "ci_family": adjusted_ci([x - y for x, y in zip(a, b)], tests)}
+        rows.append(row)
+    return rows
 
 
 # ------------------------------------------------------------------------------------------ markdown
@@ -121,6 +176,25 @@ def in_training_markdown(table: dict) -> str:
     return "\n".join(lines)
 
 
+def control_markdown(rows: list[dict], threshold: float) -> str:
+    """:func:`control_table` as a table: per key the mean difference [95% CI] {family-wise CI}, the seeds
+    where the method is higher / lower, and the sign test's p (Bonferroni-adjusted)."""
+    names = {"steps_to_threshold": f"steps to {threshold:g}", "auc": "AUC", "final": "final reward"}
+    fmt = {"steps_to_threshold": "{:+.1f}", "auc": "{:+.3f}", "final": "{:+.3f}"}
+    head = " | ".join(f"Δ {names[k]} [95% CI] {{family-wise}} | higher / lower | p (adj.)" for k in CONTROL_KEYS)
+    lines = [f"| method − control | {head} |", "|---|" + "---|---|---|" * len(CONTROL_KEYS)]
+    for r in rows:
+        cells = []
+        for k in CONTROL_KEYS:
+            v, f = r[k], fmt[k]
+            lo, hi = v["ci_family"]
+            fam = "–" if lo is None else f"{{{f.format(lo)}, {f.format(hi)}}}"
+            cells.append(f"{_ci(v, f)} {fam} | {v['wins']} / {v['losses']} | "
+                         f"{v['sign_test_p']:.3g} ({v['p_adjusted']:.3g})")
+        lines.append(f"| {r['method']} − {r['control']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def mechanism_markdown(mech: dict) -> str:
     span = f"{LOW_LABEL} / {TOP_LABEL}"
     lines = [f"| method | weight vs GRPO {TOP_LABEL} | mass share {span} | norm share {span} | ‖g_b‖ {span} "
@@ -133,3 +207,45 @@ def mechanism_markdown(mech: dict) -> str:
                      f"{two('bucket_grad_norm')} | {_ci(e['pos_frac'][TOP], '{:.2f}')} | "
                      f"{_ci(e['delta_p_pos_mean'][TOP], '{:+.4f}')} |")
     return "\n".join(lines)
+
+
+def mechanism_counts_markdown(mech: dict) -> str:
+    """The counts behind the first step's top-bucket A > 0 "rose" fraction (:func:`top_bucket_counts`, summed
+    over the seeds) and the fraction paired against GRPO's by seed, the unit; methods without counts are
+    left out."""
+    lines = [f"| method | A>0 rose {TOP_LABEL}: tokens k / n (responses, groups), summed over seeds | "
+             f"discordant tokens vs grpo: this only / grpo only | responses more / fewer rose than under grpo | "
+             f"Δ rose vs grpo, paired by seed [95% CI] | seeds higher / lower | sign-test p |",
+             "|---|---|---|---|---|---|---|"]
+    for m, e in mech["methods"].items():
+        c = e.get("top_counts")
+        if c is None:
+            continue
+        disc = f"{c['this_only']} / {c['grpo_only']}" if "this_only" in c else "–"
+        resp = f"{c['responses_more']} / {c['responses_fewer']}" if "responses_more" in c else "–"
+        v = e.get("top_rose_vs_grpo")
+        paired_cells = (f"{_ci(v, '{:+.3f}')} | {v['wins']} / {v['losses']} | {v['sign_test_p']:.3g}" if v
+                        else "– | – | –")
+        lines.append(f"| {m} | {c['rose']} / {c['tokens']} ({c['responses']}, {c['groups']}) | {disc} | {resp} | "
+                     f"{paired_cells} |")
+    return "\n".join(lines)
+
+
+#: The paired differences whose seed-to-seed variance :func:`seed_variance_rows` splits (the pilot's arithmetic).
+VARIANCE_PAIRS = (("lopti", "grpo"), ("ar_lopti", "grpo"), ("lopti", "grpo_two_steps"), ("ar_lopti", "ar_two_steps"))
+
+
+def seed_variance_rows(runs: dict[str, dict[int, dict]], seeds: list[int], window: int,
+                       pairs=VARIANCE_PAIRS) -> list[dict]:
+    """For each pair in ``runs``: the variance over seeds of the paired ``final`` difference, split into the
+    runs' own sampling noise and the between-seed term (:func:`~arlopti.study.stats.between_seed_variance`,
+    each run's noise by :func:`~arlopti.study.stats.window_noise_variance` over its last ``window`` steps)."""
+    from arlopti.study.stats import between_seed_variance, window_noise_variance
+
+    rows = []
+    for m, b in ((m, b) for m, b in pairs if m in runs and b in runs):
+        diffs = [runs[m][s]["final"] - runs[b][s]["final"] for s in seeds]
+        noise = [window_noise_variance(runs[m][s]["rewards"], window) +
+                 window_noise_variance(runs[b][s]["rewards"], window) for s in seeds]
+        rows.append({"method": m, "baseline": b, **between_seed_variance(diffs, noise)})
+    return rows
