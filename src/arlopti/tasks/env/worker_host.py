@@ -29,7 +29,16 @@ on two pipes, trainer <-> host, and a socket pair per episode, host <-> episode)
 * host -> trainer: ``("result", key, cid, raw)`` (``raw``: the episode's pickled ``(status, payload)``,
   passed on unread, so the host never unpickles what user code returned; the trainer reads every message
   with :func:`~arlopti.tasks.env.calls.plain_loads`, which builds plain values only, never an object) or ``("died", key, cid, code)``
-  when the episode's process ended during the call ``cid`` (``code``: its exit code, negative for a signal).
+  when the episode's process ended during the call ``cid`` (``code``: its exit code, negative for a signal), or
+  ``("broken", key, cid, why)`` when the host killed it for breaking the protocol (below).
+
+**No episode can wedge the host.** The host is single-threaded, so every read from an episode has a deadline
+and a bound: once ``wait`` finds an episode's socket readable, its whole message must arrive within
+:data:`READ_DEADLINE_S` (one ``SIGALRM`` interval timer for the message, however it trickles in) and be at most
+:data:`MAX_MESSAGE_BYTES` long (``recv_bytes(maxlength)`` refuses a longer header before reading on); a write to
+an episode (a call, ``close``) has the same deadline. An episode past either (a header promising 1 MB then
+nothing, a trickle, a header promising 2 GB, a socket it stopped reading) is SIGKILLed and its call fails with
+one line saying what it sent; the other episodes, and later batches, go on.
 
 **An episode process** (:func:`episode_main`) puts itself in its own process group (a kill reaches what
 it started), dies with the host (``PR_SET_PDEATHSIG``), closes every file descriptor but its socket,
@@ -66,6 +75,32 @@ BOOT = ("import json, sys; cfg = json.loads(sys.argv[3]); "
         "sys.path[:0] = [p for p in cfg['sys_path'] if p not in sys.path]; "
         "from arlopti.tasks.env.worker_host import main; sys.exit(main(int(sys.argv[1]), int(sys.argv[2]), cfg))")
 
+#: How long the host waits for the rest of a message once an episode has begun it (and for an episode to take a
+#: message the host sends it): past it the episode's process is killed and its call fails. A well-behaved
+#: episode writes a whole message at once, so this bounds a broken one's hold on the single-threaded host.
+READ_DEADLINE_S = 5.0
+#: The largest message an episode may send (one call's pickled result); a longer one kills its process.
+MAX_MESSAGE_BYTES = 64 * 2**20
+
+
+class _Deadline(Exception):
+    """The host's interval timer went off during a read from (or a write to) an episode."""
+
+
+def _on_alarm(signum, frame):
+    raise _Deadline
+
+
+def _bounded(io, deadline_s: float):
+    """``io()`` interrupted by ``SIGALRM`` (:class:`_Deadline`) after ``deadline_s`` seconds: one deadline for
+    the whole message, however it trickles in (a socket timeout would bound each read, not the message)."""
+    signal.setitimer(signal.ITIMER_REAL, deadline_s)
+    try:
+        return io()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
 def _die_with_parent(parent: int) -> None:
     """SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``), or exit now if it already has."""
     try:
@@ -96,6 +131,7 @@ def episode_main(sock: socket.socket, factory, text: bool, host: int) -> int:
     _die_with_parent(host)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # the environment's own process: Python's defaults
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the host's read deadline is the host's, not the environment's
     fd = sock.fileno()
     os.closerange(3, fd)  # nothing of the host's (its pipes to the trainer, other episodes' sockets) stays open here
     os.closerange(fd + 1, os.sysconf("SC_OPEN_MAX"))
@@ -124,8 +160,10 @@ class _Episode:
 class Host:
     """The host's loop (module docstring): episodes by key, messages relayed, deaths reported."""
 
-    def __init__(self, inbox: Connection, outbox: Connection, factory, text: bool):
+    def __init__(self, inbox: Connection, outbox: Connection, factory, text: bool,
+                 read_deadline_s: float = READ_DEADLINE_S, max_message_bytes: int = MAX_MESSAGE_BYTES):
         self.inbox, self.outbox, self.factory, self.text = inbox, outbox, factory, text
+        self.read_deadline_s, self.max_message_bytes = float(read_deadline_s), int(max_message_bytes)
         self.episodes: dict[int, _Episode] = {}
 
     def serve(self) -> int:
@@ -161,7 +199,9 @@ class Host:
                 if e is None:
                     raise OSError("no such episode")
                 e.call = cid
-                e.conn.send_bytes(raw)
+                _bounded(lambda: e.conn.send_bytes(raw), self.read_deadline_s)
+            except _Deadline:
+                self._broken(key, f"did not take its call within {self.read_deadline_s:g} s")
             except (OSError, ValueError):
                 self._died(key, cid)
         elif kind == "kill":
@@ -177,8 +217,8 @@ class Host:
             return
         e.kill_at = kill_at
         try:
-            e.conn.send_bytes(pickle.dumps((None, "close", (), 0)))
-        except (OSError, ValueError):
+            _bounded(lambda: e.conn.send_bytes(pickle.dumps((None, "close", (), 0))), self.read_deadline_s)
+        except (_Deadline, OSError, ValueError):
             self._kill([key])
 
     def _fork(self, key: int) -> None:
@@ -201,14 +241,32 @@ class Host:
         self.episodes[key] = _Episode(pid, Connection(mine.detach()))
 
     def _from_episode(self, key: int) -> None:
+        """Relay the episode's message (it has begun one: ``wait`` found its socket readable): read whole within
+        :attr:`read_deadline_s` and at most :attr:`max_message_bytes` long, or the episode is killed."""
         e = self.episodes[key]
         try:
-            raw = e.conn.recv_bytes()
-        except (EOFError, OSError):
+            raw = _bounded(lambda: e.conn.recv_bytes(self.max_message_bytes), self.read_deadline_s)
+        except _Deadline:
+            self._broken(key, f"sent a partial message (its rest did not arrive within {self.read_deadline_s:g} s)")
+            return
+        except OSError as err:
+            if err.errno is None:  # Connection's "bad message length": the header promised more than the bound
+                self._broken(key, f"sent a message over the bound of {self.max_message_bytes} bytes")
+            else:
+                self._died(key, e.call)
+            return
+        except EOFError:
             self._died(key, e.call)
             return
         cid, e.call = e.call, None
         self.outbox.send(("result", key, cid, raw))
+
+    def _broken(self, key: int, why: str) -> None:
+        """The episode ``key`` broke the protocol (``why``): kill it, and fail its call with ``why`` if one was on."""
+        cid = self.episodes[key].call if key in self.episodes else None
+        self._reap(key, kill=True)
+        if cid is not None:
+            self.outbox.send(("broken", key, cid, why))
 
     def _died(self, key: int, cid: int | None) -> None:
         """The episode ``key``'s process is gone (or unreachable): reap it, and tell the trainer if a call was on."""
@@ -267,9 +325,11 @@ def main(read_fd: int, write_fd: int, cfg: dict) -> int:
         outbox.send(("load_error", last_line(err)))
         return 3
     _raise_open_files_limit()
+    signal.signal(signal.SIGALRM, _on_alarm)  # the deadline of every read from (and write to) an episode
     gc.freeze()  # what the host imported stays shared with the episodes (no copy-on-write by the collector)
     outbox.send(("ready", os.getpid()))
-    return Host(inbox, outbox, factory, bool(cfg["text"])).serve()
+    return Host(inbox, outbox, factory, bool(cfg["text"]), cfg.get("read_deadline_s", READ_DEADLINE_S),
+                cfg.get("max_message_bytes", MAX_MESSAGE_BYTES)).serve()
 
 
 __all__ = ["BOOT", "Host", "episode_main", "main"]

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from multiprocessing.connection import Connection
 
 from arlopti.tasks.env.calls import CallResult, plain_loads
-from arlopti.tasks.env.worker_host import BOOT
+from arlopti.tasks.env.worker_host import BOOT, MAX_MESSAGE_BYTES, READ_DEADLINE_S
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,13 @@ class EnvWorkers:
     One thread at a time."""
 
     def __init__(self, spec: str, name: str, text: bool, sys_path: list[str] | None = None,
-                 boot_timeout_s: float = 120.0):
+                 boot_timeout_s: float = 120.0, read_deadline_s: float = READ_DEADLINE_S,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES):
         self.spec, self.name, self.text = spec, name, text
         self.sys_path = list(sys_path if sys_path is not None else default_sys_path())
         self.boot_timeout_s = boot_timeout_s
+        # the host's bounds on each message of an episode (arlopti.tasks.env.worker_host: no episode wedges it)
+        self.read_deadline_s, self.max_message_bytes = float(read_deadline_s), int(max_message_bytes)
         self._proc: subprocess.Popen | None = None
         self._inbox: Connection | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -95,7 +98,8 @@ class EnvWorkers:
             return
         to_host_r, to_host_w = os.pipe()
         from_host_r, from_host_w = os.pipe()
-        cfg = {"spec": self.spec, "text": self.text, "cwd": os.getcwd(), "sys_path": self.sys_path}
+        cfg = {"spec": self.spec, "text": self.text, "cwd": os.getcwd(), "sys_path": self.sys_path,
+               "read_deadline_s": self.read_deadline_s, "max_message_bytes": self.max_message_bytes}
         try:
             proc = subprocess.Popen([sys.executable, "-c", BOOT, str(to_host_r), str(from_host_w), json.dumps(cfg)],
                                     pass_fds=(to_host_r, from_host_w), stdin=subprocess.DEVNULL, close_fds=True)
@@ -240,10 +244,11 @@ class EnvWorkers:
 
     def _result(self, msg: tuple, f: list, now: float) -> CallResult:
         seconds, what = now - f[3], f[5].what
-        if msg[0] == "died":
+        if msg[0] in ("died", "broken"):
             self.stats["died"] += 1
-            return CallResult(error=f"EnvWorkerDied: {self.name}.{what}: the episode's environment process "
-                                    f"{ended(msg[3])} during the call", gone=True, seconds=seconds)
+            how = f"{ended(msg[3])} during the call" if msg[0] == "died" else f"{msg[3]}; it was killed"
+            return CallResult(error=f"EnvWorkerDied: {self.name}.{what}: the episode's environment process {how}",
+                              gone=True, seconds=seconds)
         try:
             status, payload = plain_loads(msg[3])
         except Exception as err:  # noqa: BLE001 - a value the trainer cannot unpickle
