@@ -9,9 +9,10 @@ mechanism (``mechanism/seed<s>.json``: ``mechanism.png``, the mechanism tables) 
 numbers for those methods, every float bit for bit and every count. A change that moves the science fails here,
 naming the figure; re-record with the command in ``summary.json`` (then copy the folder, docs/results.md §1).
 
-Exact equality holds on one kind of CPU: float kernels differ between instruction sets (an AVX2 and an AVX-512
-machine sample different batches from the same seed after a few steps). The record names the CPU capability it
-was made with; on another the comparison is skipped with both named, not passed.
+Exact equality is only expected on one kind of CPU: torch picks its float kernels by instruction set (AVX2,
+AVX-512, ...), and different kernels may round differently, which a sampled token can amplify into another
+trajectory. The record names the CPU capability it was made with; on another the comparison is skipped with
+both named, not passed.
 """
 
 from __future__ import annotations
