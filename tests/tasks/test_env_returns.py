@@ -47,7 +47,8 @@ def test_a_done_that_is_not_a_bool_stops_the_run_naming_the_value(tiny_tokenizer
     assert shown in line and "done must be a bool (True or False; the ints 0 and 1 are read as such)" in line
 
 
-@pytest.mark.parametrize("case, shown", [("reward_huge", "the reward 1000000000"), ("reward_nan", "a non-finite reward nan"),
+@pytest.mark.parametrize("case, shown", [("reward_huge", "the reward 1000000000"),
+                                         ("reward_nan", "a non-finite reward nan"),
                                          ("reward_inf", "a non-finite reward -inf")])
 def test_a_step_reward_that_is_not_a_finite_float_stops_the_run_naming_the_value(tiny_tokenizer, case, shown):
     with pytest.raises(EnvError) as err:  # 10**400 used to end the run with a bare OverflowError

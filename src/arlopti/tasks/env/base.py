@@ -71,15 +71,19 @@ gives the reply ``"error: the call did not return within <t> s"`` and its proces
 process ends (``os._exit``, a crash, a signal) gives the one-line reply ``"error: EnvWorkerDied:
 <Class>.<call>: the episode's environment process exited with code <n> during the call"``. After either
 of the last two the environment is not called again: the model's next turn is the final answer, and
-``get_reward`` is not called (the environment reward is what the steps gave). A reply over
-``rollout.max_reply_tokens`` tokens is replaced by an error reply. A tool (or ``step``, ``reset``,
-``get_reward``) failing on more than ``task.max_error_frac`` of its own calls of the last
-``task.error_window`` steps stops the run, naming the environment and that tool with its failures, as
-reward functions do (:mod:`arlopti.rollout.env_calls`; checked as the failures come in, as soon as the
-outcome is certain), and the run saves ``last.ckpt`` first and names it. ``step`` may also return the
-pair ``(reply, done)`` (reward None); any other shape, a non-finite step reward, and a ``get_reward()``
-that is not a number or is NaN or infinite stop the run naming the environment.
-A ``reset`` that raises, times out or returns something other than a string or None stops the run.
+``get_reward`` is not called (the environment reward is what the steps gave). An episode's process that
+sends its worker host a broken message (a partial one, or one over the host's bound) is killed and fails
+the same way, alone (:mod:`arlopti.tasks.env.worker_host`). A reply over ``rollout.max_reply_tokens``
+tokens is replaced by an error reply. A tool (or ``step``, ``reset``, ``get_reward``) failing on more
+than ``task.max_error_frac`` of its own calls of the last ``task.error_window`` steps stops the run,
+naming the environment and that tool with its failures, as reward functions do
+(:mod:`arlopti.rollout.env_calls`; checked as the failures come in, as soon as the outcome is certain),
+and the run saves ``last.ckpt`` first and names it. ``step`` may also return the pair ``(reply, done)``
+(reward None). Any other shape, a ``done`` that is not a bool (or the int 0 or 1), and a reward
+(``step``'s, or ``get_reward()``'s) that is not a finite float (a string, a bool, NaN, infinity, an int
+too large for a float) stop the run with one line naming the class, the call and the value
+(:func:`check_step_value`). A ``reset`` that raises, times out or returns something other than a string or
+None stops the run.
 """
 
 from __future__ import annotations

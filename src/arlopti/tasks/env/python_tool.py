@@ -11,14 +11,20 @@ interpreter and venv, the directory the only writable place, a clean environment
   seconds (``RLIMIT_CPU``), an address-space cap (``RLIMIT_AS``), the largest file it may write
   (``RLIMIT_FSIZE``), open files (``RLIMIT_NOFILE``), no core files, and the number of processes and
   threads (:class:`~arlopti.tasks.env.sandbox.RunCgroups`; where it can make a memory cgroup, the
-  whole tree's resident memory is bounded too, by ``memory_mb`` + 256 MB); outside, a wall-clock deadline (the whole
-  sandbox is SIGKILLed, and the child's own ``alarm`` ends it should the trainer die first) and an
-  output cap (the trainer stops reading and kills it once more than ``max_output_bytes`` arrived, so a
-  100 MB print costs a few KB);
+  whole tree's resident memory is bounded too, by ``memory_mb`` + 256 MB); in the sandbox, the working
+  directory's and the private ``/tmp``'s total size (``max_disk_mb``, a size-limited tmpfs each); outside,
+  a wall-clock deadline (the whole sandbox is SIGKILLed, and the child's own ``alarm`` ends it should the
+  trainer die first) and an output cap (the trainer stops reading and kills it once more than
+  ``max_output_bytes`` arrived, so a 100 MB print costs a few KB);
 * the interpreter is ``sys.executable`` run as ``python -I -B`` (no ``PYTHON*`` variables, no user
   site, no bytecode written), so the packages of this environment (sympy, numpy) import; stdin is
   ``/dev/null``; the working directory is deleted afterwards, and every process the run started is
   gone when it ends (the PID namespace dies with its first process).
+
+How it ended is read the same with and without the sandbox (``bwrap`` reports a child killed by signal
+``n`` as ``128 + n``, read back as the signal): the CPU limit's ``SIGXCPU``, or a ``SIGKILL`` once the
+tree used that much CPU (``RLIMIT_CPU``'s hard limit), is a ``timeout`` whose reply says "CPU time"; any
+other signal is an ``error`` whose reply's last line names it.
 
 The code may do anything inside: fork, open sockets (there is only its own loopback), load C code. What
 the sandbox refuses is the kernel's doing, not a check in Python. ``sandbox=False`` (the environments'
@@ -64,10 +70,11 @@ class PythonLimits:
     max_file_mb: int = 16  # the largest file the code may write (RLIMIT_FSIZE)
     max_open_files: int = 256  # RLIMIT_NOFILE
     max_processes: int = 16  # processes and threads of the whole run (sandbox.RunCgroups), its init included
+    max_disk_mb: int = 64  # the working directory's total size, and the private /tmp's (a size-limited tmpfs each)
 
     def __post_init__(self):
         for name in ("cpu_s", "wall_s", "memory_mb", "max_output_bytes", "max_file_mb", "max_open_files",
-                     "max_processes"):
+                     "max_processes", "max_disk_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"PythonLimits.{name}={value!r}: expected a number > 0")
@@ -84,6 +91,7 @@ class RunResult:
     exit_code: int | None
     seconds: float
     limits: PythonLimits
+    cause: str = ""  # a timeout's: "cpu" (the CPU limit) or "wall" (the wall clock)
 
     @property
     def ok(self) -> bool:
@@ -97,11 +105,13 @@ class RunResult:
         """What the model is shown: the output, then one line saying why the run stopped, if it
         did not end normally (the traceback of an error is already in the output)."""
         note = {
-            "timeout": f"TimeoutError: the code was stopped after {self.limits.wall_s:g} s (wall clock) or "
-                       f"{self.limits.cpu_s:g} s of CPU time",
+            "timeout": f"TimeoutError: the code was stopped after {self.limits.cpu_s:g} s of CPU time (its limit)"
+                       if self.cause == "cpu" else
+                       f"TimeoutError: the code was stopped after {self.limits.wall_s:g} s (wall clock)",
             "output_limit": f"[output truncated: more than {self.limits.max_output_bytes} bytes; the code was "
                             "stopped]",
             "memory": f"(memory limit: {self.limits.memory_mb} MB)",
+            "error": _signal_note(self.exit_code),
         }.get(self.status)
         if note is None:
             return self.output
@@ -145,16 +155,25 @@ def _has_exited(pid: int) -> bool:
     return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the child's whole process group (whatever it left behind too), then reap the child."""
+def _kill_group(proc: subprocess.Popen) -> float:
+    """SIGKILL the child's whole process group (whatever it left behind too), then reap the child; return the
+    CPU seconds of its tree (``wait4``: the child and the descendants it reaped, the sandboxed code among them)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        proc.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL cannot end (uninterruptible IO)
-        pass
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        try:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already
+            proc.wait()
+            return 0.0
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return usage.ru_utime + usage.ru_stime
+        time.sleep(0.002)
+    return 0.0  # pragma: no cover - a process SIGKILL cannot end (uninterruptible IO)
 
 
 def _read_bounded(proc: subprocess.Popen, limit: int, deadline: float) -> tuple[bytes, str | None]:
@@ -193,14 +212,38 @@ def _wait_exit(pid: int, deadline: float) -> bool:
     return True
 
 
-def _status(stopped: str | None, code: int | None) -> str:
+def _signal_note(code: int | None) -> str | None:
+    """The reply's last line for code killed by a signal (``code`` negative), or None."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return f"the code was killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"the code was killed by signal {-code}"
+
+
+def _exit_code(code: int | None, sandbox: bool) -> int | None:
+    """The code's exit code as without the sandbox: bwrap reports a child killed by signal ``n`` as ``128 + n``
+    (so code that itself exits with 128 + n reads as killed by signal n there)."""
+    if sandbox and code is not None and 128 < code < 128 + signal.NSIG:
+        return 128 - code
+    return code
+
+
+def _status(stopped: str | None, code: int | None, cpu_s: float, limits: PythonLimits) -> tuple[str, str]:
+    """``(status, cause)`` of a run that ended with ``code`` (as without the sandbox) after ``cpu_s`` CPU
+    seconds of its whole tree, or was ``stopped`` by the trainer (the wall clock, the output cap)."""
     if stopped is not None:
-        return stopped
+        return stopped, "wall" if stopped == "timeout" else ""
     if code == 0:
-        return "ok"
-    if code in (-signal.SIGXCPU, -signal.SIGKILL, -signal.SIGALRM):  # the CPU limit or the child's own alarm
-        return "timeout"
-    return "memory" if code == _EXIT_MEMORY else "error"
+        return "ok", ""
+    # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard one (code that ignores SIGXCPU); a SIGKILL
+    # before that much CPU (in the sandbox: that much wall time) was used came from elsewhere: named as a signal
+    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_s >= math.ceil(limits.cpu_s)):
+        return "timeout", "cpu"
+    if code == -signal.SIGALRM:  # the child's own alarm: the wall clock, should the trainer's deadline not hold
+        return "timeout", "wall"
+    return ("memory" if code == _EXIT_MEMORY else "error"), ""
 
 
 def run_python(code: str, limits: PythonLimits | None = None, *, echo_last: bool = True,
@@ -219,23 +262,32 @@ def run_python(code: str, limits: PythonLimits | None = None, *, echo_last: bool
             RunCgroups(limits.max_processes if sandbox else 0, (int(limits.memory_mb) + _TREE_MARGIN_MB) * 2**20) as cap:
         workdir = os.path.realpath(workdir)
         Path(workdir, "main.py").write_text(code, encoding="utf-8", errors="surrogatepass")
-        args = [str(math.ceil(limits.cpu_s)), str(int(limits.memory_mb) * 2**20), str(int(limits.max_file_mb) * 2**20),
-                str(int(limits.max_open_files)), str(cap.rlimit_nproc), str(math.ceil(limits.wall_s) + 1),
-                "1" if echo_last else "0"]
-        child = [python or sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _CHILD, *args]
-        argv = [*cap.prefix, *bwrap_args(workdir), *child] if sandbox else child
+        child = _child_argv(limits, echo_last, python, cap.rlimit_nproc)
+        jail = [*cap.prefix, *bwrap_args(workdir, int(limits.max_disk_mb) * 2**20, ("main.py",))] if sandbox else []
+        argv = [*jail, *child]
         proc = subprocess.Popen(argv, cwd=workdir, env=sandbox_env(workdir), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                 close_fds=True)
         try:
             out, stopped = _read_bounded(proc, int(limits.max_output_bytes), start + limits.wall_s)
         finally:
-            _kill_group(proc)
+            cpu_s = _kill_group(proc)
             proc.stdout.close()
         oom = cap.oom_killed()  # the memory cgroup's SIGKILL reads as a memory error, not a timeout
-    code_ = proc.returncode if stopped is None else None
+    code_ = _exit_code(proc.returncode, sandbox) if stopped is None else None
+    if sandbox:  # bwrap hands its tree's CPU time back only in part (its init is not reaped): wall time bounds it
+        cpu_s = max(cpu_s, time.monotonic() - start)
+    status, cause = ("memory", "") if oom else _status(stopped, code_, cpu_s, limits)
     text = out.decode("utf-8", errors="replace")
-    return RunResult(text, "memory" if oom else _status(stopped, code_), code_, time.monotonic() - start, limits)
+    return RunResult(text, status, code_, time.monotonic() - start, limits, cause)
+
+
+def _child_argv(limits: PythonLimits, echo_last: bool, python: str | None, nproc: int) -> list[str]:
+    """The interpreter running :data:`_CHILD` with the limits it sets on itself (``nproc``: ``RLIMIT_NPROC``, 0
+    for none)."""
+    args = [str(math.ceil(limits.cpu_s)), str(int(limits.memory_mb) * 2**20), str(int(limits.max_file_mb) * 2**20),
+            str(int(limits.max_open_files)), str(nproc), str(math.ceil(limits.wall_s) + 1), "1" if echo_last else "0"]
+    return [python or sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _CHILD, *args]
 
 
 __all__ = ["STATUSES", "PythonLimits", "RunResult", "run_python"]

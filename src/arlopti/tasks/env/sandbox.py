@@ -2,13 +2,16 @@
 
 A run of the Python tool (:mod:`arlopti.tasks.env.python_tool`) is one ``bwrap`` process tree:
 
-* **new namespaces** for users, PIDs, the network, IPC, UTS and cgroups (``--unshare-all``): the code
+* **new namespaces** for users, PIDs, the network, IPC, UTS and cgroups (``--unshare-all``, and
+  ``--unshare-user`` named: within ``--unshare-all`` it is only tried, and as root with user namespaces off
+  bwrap would go on without one): the code
   sees only its own processes (it is PID 2, its parent is the sandbox's init), has a loopback of its own
   and no route out, and cannot signal anything outside;
 * **a filesystem of its own**: read-only binds of the system's libraries and tools (``/usr`` and the
   ``/lib``, ``/lib64``, ``/bin`` links into it), of the interpreter's installation
   (``sys.base_prefix``) and of the venv (``sys.prefix``, so sympy and numpy import); one writable
-  directory (the run's working directory, at the same path as on the host); a private ``/tmp``, a
+  directory (the run's working directory, at the same path as on the host: a fresh tmpfs of at most
+  ``disk_bytes``, the run's files bound into it read-only); a private ``/tmp`` bounded the same way, a
   fresh ``/proc`` of the new PID namespace and a minimal ``/dev``. Nothing else of the host exists
   there: not ``/etc``, not the home directories, not the repository, not the host's ``/tmp``;
 * **a clean environment** (``--clearenv`` plus the few variables :func:`sandbox_env` names; ``bwrap``
@@ -24,8 +27,11 @@ A run of the Python tool (:mod:`arlopti.tasks.env.python_tool`) is one ``bwrap``
   the code; the wall clock stays outside, killing the whole tree.
 
 :func:`require_sandbox` checks, once per process, that all of this works here (``bwrap`` installed,
-user namespaces allowed, a process cap available) and otherwise raises :class:`SandboxUnavailable`,
-one line naming the fix. docs/multi_turn_envs.md states the threat model and what each run costs.
+user namespaces allowed and the sandbox's user namespace really its own, a process cap available) and
+otherwise raises :class:`SandboxUnavailable`, one line naming the fix. The same check first sweeps the
+run cgroups whose process is gone (:func:`sweep_stale_cgroups`: a trainer killed during a call leaves its
+own behind); a run removes its cgroups on every exit path. docs/multi_turn_envs.md states the threat model
+and what each run costs.
 """
 
 from __future__ import annotations
@@ -75,16 +81,26 @@ def _read_only_binds() -> list[str]:
     return args
 
 
-def bwrap_args(workdir: str) -> list[str]:
+#: The bound on each of the sandbox's writable folders (its working directory and its private ``/tmp``) where
+#: the caller names none: bytes, a size-limited tmpfs each (``PythonLimits.max_disk_mb`` sets it per run).
+DEFAULT_DISK_BYTES = 64 * 2**20
+
+
+def bwrap_args(workdir: str, disk_bytes: int = DEFAULT_DISK_BYTES, files: tuple[str, ...] = ()) -> list[str]:
     """The ``bwrap`` command line (up to the sandboxed command) for one run in ``workdir`` (module
-    docstring)."""
+    docstring). The working directory is a fresh tmpfs of at most ``disk_bytes`` at ``workdir``'s path, as is
+    the private ``/tmp``; ``files`` (names in the host's ``workdir``, e.g. ``main.py``) are bound into it
+    read-only."""
     bwrap = shutil.which("bwrap") or "bwrap"
     env = [a for k, v in sandbox_env(workdir).items() for a in ("--setenv", k, v)]
+    size = ["--size", str(int(disk_bytes))]
+    binds = [a for name in files for a in ("--ro-bind", os.path.join(workdir, name), os.path.join(workdir, name))]
     # bwrap mounts in order: the private /tmp first, so that a venv (or a checkout) under the host's /tmp is
-    # bound over it rather than hidden by it
-    return [bwrap, "--unshare-all", "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev",
-            "--tmpfs", "/tmp", *_read_only_binds(), "--bind", workdir, workdir, "--chdir", workdir,
-            "--clearenv", *env, "--"]
+    # bound over it rather than hidden by it. --unshare-user is named although --unshare-all includes it: there
+    # it is only tried (as root with user namespaces off, bwrap goes on without one), here it is required
+    return [bwrap, "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--proc", "/proc",
+            "--dev", "/dev", *size, "--tmpfs", "/tmp", *_read_only_binds(), *size, "--tmpfs", workdir, *binds,
+            "--chdir", workdir, "--clearenv", *env, "--"]
 
 
 def _hierarchy(controller: str) -> Path | None:
@@ -113,6 +129,8 @@ def _hierarchy(controller: str) -> Path | None:
     return None
 
 
+#: The name of each run's cgroup folders: ``arlopti-sandbox-<pid of the process that made it>-<n>``.
+CGROUP_PREFIX = "arlopti-sandbox-"
 #: Per controller: the limit files of a child cgroup (v1's name, v2's name), and where an OOM kill is counted.
 _LIMIT_FILES = {"pids": ("pids.max", "pids.max"), "memory": ("memory.limit_in_bytes", "memory.max")}
 
@@ -135,14 +153,19 @@ class RunCgroups:
     def __enter__(self) -> "RunCgroups":
         if self.rlimit_nproc or not self.limits["pids"]:
             return self
-        name = f"arlopti-sandbox-{os.getpid()}-{time.monotonic_ns()}"
+        try:  # whatever fails half-way (a refused write, an interrupt), the folders made so far go
+            self._make_all(f"{CGROUP_PREFIX}{os.getpid()}-{time.monotonic_ns()}")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _make_all(self, name: str) -> None:
         for controller, limit in self.limits.items():
             parent = _hierarchy(controller) if limit else None
             made = parent is not None and self._make(controller, parent / name, limit)
             if controller == "pids" and not made:
-                self.__exit__()
                 raise SandboxUnavailable(_NO_CAP)
-        return self
 
     def _make(self, controller: str, path: Path, limit: int) -> bool:
         try:
@@ -175,17 +198,51 @@ class RunCgroups:
         return False
 
     def __exit__(self, *exc) -> None:
-        deadline = time.monotonic() + 5.0  # the namespace's processes die as their init does, asynchronously
-        for path in self.cgroups.values():
-            while path.exists():
-                try:
-                    path.rmdir()
-                except OSError:
-                    if time.monotonic() > deadline:  # pragma: no cover - a process SIGKILL cannot end
-                        break
-                    _kill_all(path)
-                    time.sleep(0.005)
-        self.cgroups = {}
+        cgroups, self.cgroups = self.cgroups, {}
+        for path in cgroups.values():
+            _remove_cgroup(path)
+
+
+def _remove_cgroup(path: Path, seconds: float = 5.0) -> bool:
+    """Remove a run's cgroup folder, SIGKILLing what is left in it (the namespace's processes die as their init
+    does, asynchronously); whether it is gone within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while path.exists():
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            break
+        except OSError:
+            if time.monotonic() > deadline:  # pragma: no cover - a process SIGKILL cannot end
+                return False
+            _kill_all(path)
+            time.sleep(0.005)
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one of another user's too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def sweep_stale_cgroups() -> list[Path]:
+    """Remove the run cgroups (``arlopti-sandbox-<pid>-<n>``, in this process's cgroup of each controller) whose
+    process is gone: a trainer (or an episode's process) killed during a call cannot remove its own. Run at
+    start-up (:func:`sandbox_problem`); returns what it removed. A folder of a live process is left alone."""
+    removed = []
+    for controller in _LIMIT_FILES:
+        parent = _hierarchy(controller)
+        for path in parent.glob(f"{CGROUP_PREFIX}*") if parent is not None else ():
+            owner = path.name[len(CGROUP_PREFIX):].split("-")[0]
+            if owner.isdigit() and not _alive(int(owner)) and _remove_cgroup(path):
+                removed.append(path)
+    return removed
 
 
 def _kill_all(cgroup: Path) -> None:
@@ -210,14 +267,16 @@ _NO_CAP = ("the Python tool's sandbox has no process cap here: the trainer runs 
 @functools.cache
 def sandbox_problem() -> str | None:
     """Why the sandbox cannot run here (one line naming the fix), or None: ``bwrap`` is found, starts a
-    sandbox with new namespaces, and a process cap is available. Checked once per process."""
+    sandbox with new namespaces (a user namespace of its own among them), and a process cap is available.
+    Checked once per process; the stale cgroups of killed runs are swept first (:func:`sweep_stale_cgroups`)."""
     if shutil.which("bwrap") is None:
         return f"the Python tool's sandbox needs bubblewrap (bwrap) and it is not on PATH: {INSTALL_HINT}"
+    sweep_stale_cgroups()
     try:
         with tempfile.TemporaryDirectory(prefix="arlopti-probe-") as tmp:
             workdir = os.path.realpath(tmp)
-            probe = subprocess.run([*bwrap_args(workdir), "/bin/true"], env=sandbox_env(workdir),
-                                   capture_output=True, text=True, timeout=30)
+            probe = subprocess.run([*bwrap_args(workdir), "readlink", "/proc/self/ns/user"],
+                                   env=sandbox_env(workdir), capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as err:
         return f"the Python tool's sandbox (bwrap) could not start: {err}; {INSTALL_HINT}"
     if probe.returncode != 0:
@@ -225,12 +284,31 @@ def sandbox_problem() -> str | None:
         return (f"the Python tool's sandbox (bwrap) could not start ({why}): unprivileged user namespaces are "
                 "probably disabled; enable them (sysctl kernel.unprivileged_userns_clone=1, or "
                 "user.max_user_namespaces > 0) or run in a container that allows them")
+    problem = _user_namespace_problem(probe.stdout.strip())
+    if problem is None:
+        try:
+            with RunCgroups(4):
+                pass
+        except SandboxUnavailable as err:
+            problem = str(err)
+    return problem
+
+
+def _user_namespace_problem(inside: str) -> str | None:
+    """Why the sandbox's user namespace (``inside``: ``readlink /proc/self/ns/user`` run in it) is not one of its
+    own, or None. As root with user namespaces off, ``bwrap --unshare-all`` goes on without one (it only tries),
+    and the code would run as the host's root: refused rather than run so."""
     try:
-        with RunCgroups(4):
-            pass
-    except SandboxUnavailable as err:
-        return str(err)
-    return None
+        host = os.readlink("/proc/self/ns/user")
+    except OSError:  # a kernel without user namespaces: bwrap's --unshare-user has failed already
+        return None
+    if inside and inside != host:
+        return None
+    return (f"the Python tool's sandbox (bwrap) ran without a user namespace of its own (inside: "
+            f"{inside or 'nothing read'}, the trainer's: {host}): user namespaces are probably disabled, and as root "
+            "bwrap goes on without one; enable them (sysctl user.max_user_namespaces=15000, or "
+            "kernel.unprivileged_userns_clone=1), or opt out with the environment's class attribute sandbox = False "
+            "(docs/multi_turn_envs.md)")
 
 
 def require_sandbox() -> None:
@@ -240,5 +318,5 @@ def require_sandbox() -> None:
         raise SandboxUnavailable(problem)
 
 
-__all__ = ["INSTALL_HINT", "RunCgroups", "SandboxUnavailable", "bwrap_args", "require_sandbox", "sandbox_env",
-           "sandbox_problem"]
+__all__ = ["CGROUP_PREFIX", "DEFAULT_DISK_BYTES", "INSTALL_HINT", "RunCgroups", "SandboxUnavailable", "bwrap_args",
+           "require_sandbox", "sandbox_env", "sandbox_problem", "sweep_stale_cgroups"]
