@@ -24,7 +24,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from arlopti.entry.cli import check_command_line
+    from arlopti.entry.cli import prepare_command_line
 
-    check_command_line(sys.argv[1:])
+    sys.argv[1:] = prepare_command_line(sys.argv[1:], "eval.yaml")  # --help, output_dir=, unknown keys and types
     main()

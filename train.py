@@ -33,7 +33,7 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    from arlopti.entry.cli import check_command_line
+    from arlopti.entry.cli import prepare_command_line
 
-    check_command_line(sys.argv[1:])
+    sys.argv[1:] = prepare_command_line(sys.argv[1:], "train.yaml")  # --help, output_dir=, unknown keys and types
     main()

@@ -4,6 +4,7 @@ the new command."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -36,17 +37,39 @@ def test_the_console_script_is_installed_and_lists_every_subcommand():
 
 
 @pytest.mark.parametrize("name", [n for n, (t, _) in command.SUBCOMMANDS.items() if not t.endswith(".py")])
-def test_every_module_subcommands_help_works(name, capsys):
+def test_every_module_subcommands_help_names_it_and_has_no_markup(name, capsys):
+    """Issue 54 item 5: ``usage: arlopti <sub>``, never ``python -m arlopti...``, no reST roles or literals."""
     assert command.main([name, "--help"]) == 0
-    assert "usage:" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: arlopti {name} "), out[:200]
+    assert "python -m arlopti" not in out and "``" not in out and ":func:`" not in out and ":mod:`" not in out
+    assert argparse.ArgumentParser.format_help.__name__ == "format_help"  # argparse is itself again
+    assert argparse.ArgumentParser.format_help.__qualname__ == "ArgumentParser.format_help"
+
+
+def test_a_usage_error_names_the_subcommand(capsys):
+    assert command.main(["compare"]) == 2
+    assert capsys.readouterr().err.startswith("usage: arlopti compare ")
+
+
+def test_compare_is_described_as_taking_two_runs(capsys):
+    assert "exactly two runs" in command.SUBCOMMANDS["compare"][1]
+    command.main(["--help"])
+    assert "exactly two runs" in capsys.readouterr().out
+
+
+def test_plain_help_drops_the_markup():
+    text = "``python -m arlopti.eval.compare A.json`` (:func:`arlopti.x.y`, :mod:`~m`) python train.py a=1. Examples::"
+    assert command.plain_help(text) == \
+        "arlopti compare A.json (arlopti.x.y, m) arlopti train a=1. Examples:"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["train", "eval"])
-def test_train_and_eval_help_is_hydras(name):
+def test_train_and_eval_help_is_the_page_not_hydras_dump(name):
     done = _run(str(SCRIPT), name, "--help")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "Powered by Hydra" in done.stdout and "== Config ==" in done.stdout
+    assert done.stdout.startswith(f"usage: arlopti {name} ") and "== Config ==" not in done.stdout
 
 
 @pytest.mark.process

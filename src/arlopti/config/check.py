@@ -14,6 +14,7 @@ in :mod:`arlopti.config.rules`.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import numbers
 import types
@@ -270,6 +271,67 @@ def _interpolated(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
 
+def close_match(key: str, known: Sequence[str]) -> str | None:
+    """The known key closest to a misspelt one (``difflib``, as Python's own "did you mean"), or None."""
+    found = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def unknown_key_message(line: str, key: str, known: Sequence[str]) -> str:
+    """One line for an override ``line`` whose ``key`` no config has: the closest known key (among its
+    siblings when its parent exists, so a shared prefix does not count as likeness), else the keys of its
+    parent node, else where the keys are listed. Never Hydra's ``+key`` advice: a key added that way
+    is read by nothing."""
+    parent, _, leaf = key.rpartition(".")
+    siblings = sorted({k[len(parent) + 1:].split(".")[0] for k in known if parent and k.startswith(parent + ".")})
+    if siblings:
+        match = close_match(leaf, siblings)
+        match = f"{parent}.{match}" if match is not None else None
+    else:
+        match = close_match(key, known)
+    if match is not None:
+        return f"{line}: no such key; did you mean `{match}`?"
+    if siblings:
+        return f"{line}: no such key; `{parent}` has: {', '.join(siblings)}"
+    return f"{line}: no such key (`arlopti train --help` lists the groups, docs/config.md every key)"
+
+
+def _schema_prefixes(cls: type) -> tuple[set[str], set[str]]:
+    """(the groups of ``cls`` that are dataclasses, the keys whose values are free-form: any sub-key goes)."""
+    groups, free = set(), set()
+    for key, f, hint in field_types(cls):
+        if dataclasses.is_dataclass(field_default(f)):
+            groups.add(key)
+        elif typing.get_origin(unwrap_optional(hint)[0]) is dict or unwrap_optional(hint)[0] in (dict, Any):
+            free.add(key)
+    return groups, free
+
+
+def check_known_keys(overrides: Sequence[str], cls: type = RunConfig) -> None:
+    """Refuse a ``key=value`` override under one of the schema's groups (``algorithm.*``, ``optim.*``,
+    ...) that names no field: one line with the closest field (:func:`unknown_key_message`), before
+    Hydra composes. Added keys (``+key``), deletions and keys outside the schema's groups pass (the
+    command line checks those against the composed config, :mod:`arlopti.entry.cli`)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    groups, free = _schema_prefixes(cls)
+    known = [key for key, _, _ in field_types(cls)]
+    leaves = [key for key in known if key not in groups]
+    parser = OverridesParser.create()
+    for line in overrides:
+        try:
+            (override,) = parser.parse_overrides([line])
+        except Exception:  # noqa: BLE001 - a syntax error: Hydra names it itself
+            continue
+        key = override.key_or_group
+        if override.is_delete() or override.is_add() or override.is_force_add() or override.package is not None:
+            continue
+        parents = [key.rsplit(".", n)[0] for n in range(1, key.count(".") + 1)]
+        if key in known or not any(p in groups for p in parents) or any(p in free for p in parents):
+            continue
+        raise ConfigError(unknown_key_message(line, key, leaves))
+
+
 def check_overrides(overrides: Sequence[str], cls: type = RunConfig) -> None:
     """Check Hydra command-line overrides (``key=value``, ``+key=value``, ``++key=value``) against
     the types of the fields they set, before OmegaConf converts them: ``algorithm.lopti.enabled=no``
@@ -279,10 +341,12 @@ def check_overrides(overrides: Sequence[str], cls: type = RunConfig) -> None:
     Only keys of ``cls`` (the run config's groups) are checked; group choices (``algorithm=lopti``),
     deletions, interpolations (``${...}``) and other keys (``trainer.*``, ``data.*``, ``hydra.*``)
     pass, as do overrides Hydra's parser cannot read (Hydra reports those itself). In a
-    ``--multirun`` choice sweep (``key=a,b``) every choice is checked."""
+    ``--multirun`` choice sweep (``key=a,b``) every choice is checked. First, a key under one of these
+    groups that names no field is refused with the closest one (:func:`check_known_keys`)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep
 
+    check_known_keys(overrides, cls)
     fields_by_key = {key: (f, hint) for key, f, hint in field_types(cls)}
     parser = OverridesParser.create()
     for line in overrides:

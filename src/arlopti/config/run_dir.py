@@ -12,6 +12,12 @@ Hydra copies that cache into every job config of a multirun (``load_sweep_config
 Lightning starts receive the resolved path (``hydra.run.dir=<it>``), so one run never claims two
 folders. An explicit ``hydra.run.dir=...`` (a job script, a requeued job) is used as given, shared.
 
+``${work_root:}``: where runs go by default (``paths.log_dir`` is ``<it>/logs``): the project the user works
+in, found from the working folder as lightning-hydra-template's ``rootutils`` finds it, by a marker
+(:data:`ROOT_MARKERS`) in the working folder or a folder above it; the working folder itself when none
+has one. Inside the checkout that is the checkout (it holds ``.project-root``), so ``logs/`` stays where it
+was; ``arlopti train`` started in ``~/my_project`` writes ``~/my_project/logs``, never into the checkout.
+
 ``${task_log_suffix:}``: in a submitit job of several tasks (one per GPU, ``hydra/launcher=slurm``) every
 task runs the job in the same folder; task ``n > 0`` logs to ``train_rank<n>.log`` so that rank 0's
 ``train.log`` stays its own. Empty everywhere else.
@@ -21,6 +27,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+#: Files or folders that mark a project's root (lightning-hydra-template's ``.project-root``, a git checkout).
+ROOT_MARKERS = (".project-root", ".git")
 
 #: Names tried after ``<path>`` itself (``<path>_1`` ... ``<path>_<MAX_SUFFIX>``) before giving up.
 MAX_SUFFIX = 10_000
@@ -43,6 +52,22 @@ def claim_dir(path: str) -> str:
                           "clear old runs or pass hydra.run.dir=<a new folder>")
 
 
+def find_work_root(start: str | Path | None = None, markers: tuple[str, ...] = ROOT_MARKERS) -> Path:
+    """The first of ``start`` (default: the working folder) and its parents that holds one of ``markers``;
+    ``start`` itself when none does (the module docstring's ``${work_root:}``)."""
+    here = Path.cwd() if start is None else Path(start).expanduser()
+    here = here.resolve()
+    for folder in (here, *here.parents):
+        if any((folder / marker).exists() for marker in markers):
+            return folder
+    return here
+
+
+def work_root() -> str:
+    """``${work_root:}``: :func:`find_work_root` of the working folder, as a string."""
+    return str(find_work_root())
+
+
 def task_log_suffix() -> str:
     """``_rank<n>`` for task ``n > 0`` of a submitit job, else ``""`` (module docstring)."""
     if not os.environ.get("SUBMITIT_EXECUTOR"):
@@ -51,4 +76,4 @@ def task_log_suffix() -> str:
     return "" if rank == "0" else f"_rank{rank}"
 
 
-__all__ = ["MAX_SUFFIX", "claim_dir", "task_log_suffix"]
+__all__ = ["MAX_SUFFIX", "ROOT_MARKERS", "claim_dir", "find_work_root", "task_log_suffix", "work_root"]

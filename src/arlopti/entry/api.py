@@ -174,12 +174,15 @@ def run(overrides: Sequence[str] | None = None, *, reward_fn: Callable | str | S
 
     from arlopti.config import check_overrides
     from arlopti.config.compose import prepare, run_job
+    from arlopti.entry.cli import check_composes, translate_output_dir
     from arlopti.entry.failures import record_traceback
     from arlopti.tasks.custom import reset_shown_tracebacks
 
     prepare()  # the checkout's configs/ (or $PROJECT_ROOT's), before any override is read
-    all_overrides = build_overrides(overrides, reward_fn, reward_weights, train_data, env)
+    # TRL's output_dir= is paths.log_dir=; a misspelt key is one ConfigError line with the closest key
+    all_overrides = translate_output_dir(build_overrides(overrides, reward_fn, reward_weights, train_data, env))
     check_overrides(all_overrides)
+    check_composes(all_overrides)
     reset_shown_tracebacks()
     box: dict[str, Any] = {}
 

@@ -7,16 +7,22 @@
     arlopti <subcommand> --help          # that subcommand's own help
 
 Each subcommand runs the entry point it names, unchanged: ``train`` and ``eval`` run the repository's
-``train.py`` / ``eval.py`` (Hydra's command line, ``--help`` and ``--multirun`` included), the others
-call their module's ``main(argv)`` through :func:`arlopti.config.cli_report.run_command`, so a bad
-setting is one line and exit status 1 under every subcommand, as under ``python -m``.
+``train.py`` / ``eval.py`` (Hydra's command line and ``--multirun``; ``--help`` is
+:mod:`arlopti.entry.help`'s page), the others call their module's ``main(argv)`` through
+:func:`arlopti.config.cli_report.run_command`, so a bad setting is one line and exit status 1 under
+every subcommand, as under ``python -m``. Their help and usage lines name the command as it was typed,
+``arlopti <sub>``, and show the modules' docstrings without their reST markup (:func:`named_as`).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import importlib
+import re
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 #: subcommand -> (what it runs, one line of help). A module's ``main(argv)``, or a root script.
@@ -29,7 +35,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "study": ("arlopti.study.__main__", "the seeded method study (toy, K&K) over training runs"),
     "prepare": ("arlopti.data.prepare", "prepare the K&K and math data files"),
     "preview": ("arlopti.data.preview", "show the prompts a data config produces"),
-    "compare": ("arlopti.eval.compare", "compare evaluation results of several runs"),
+    "compare": ("arlopti.eval.compare", "compare the evaluation results of exactly two runs, A and B, item by item"),
     "demo-record": ("arlopti.entry.demo_record", "record a demo run's summary into README's table"),
 }
 
@@ -39,6 +45,56 @@ def usage() -> str:
     lines = [f"  {name.ljust(width)}  {text}" for name, (_, text) in SUBCOMMANDS.items()]
     return ("usage: arlopti <subcommand> [arguments]   (arlopti <subcommand> --help for its own)\n\n"
             "subcommands:\n" + "\n".join(lines))
+
+
+#: reST roles (``:func:`x```) and literals (````x````) of the modules' docstrings, which argparse prints as written.
+_ROLE = re.compile(r":(?:func|mod|class|meth|data|attr|obj|exc):`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_help(text: str) -> str:
+    """``text`` (an argparse help or usage) naming every command as ``arlopti <sub>`` instead of ``python -m
+    <module>``, the root scripts as ``arlopti train`` / ``arlopti eval``, without reST markup."""
+    for sub, (target, _) in sorted(SUBCOMMANDS.items(), key=lambda item: -len(item[1][0])):  # longest name first
+        text = text.replace(f"python -m {target.removesuffix('.__main__')}", f"arlopti {sub}")
+    text = text.replace("python train.py", "arlopti train").replace("python eval.py", "arlopti eval")
+    text = _ROLE.sub(r"\1", text)
+    text = _LITERAL.sub(r"\1", text)
+    return re.sub(r"::$", ":", text, flags=re.M)
+
+
+def _plain_parser(parser: argparse.ArgumentParser) -> None:
+    """The parser's name, description, epilog and argument help (a subcommand's line too) through
+    :func:`plain_help`, before argparse lays them out (so that its wrapping and indentation fit the new text)."""
+    parser.prog = plain_help(parser.prog)
+    for attr in ("description", "epilog"):
+        if getattr(parser, attr):
+            setattr(parser, attr, plain_help(getattr(parser, attr)))
+    for action in parser._actions:
+        for each in (action, *getattr(action, "_choices_actions", ())):
+            if isinstance(each.help, str):
+                each.help = plain_help(each.help)
+
+
+@contextlib.contextmanager
+def named_as() -> Iterator[None]:
+    """While a subcommand's ``main`` runs, every argparse help and usage it prints names the commands as
+    ``arlopti <sub>`` and has no reST markup (:func:`plain_help`; the modules build their parsers inside ``main``)."""
+    saved = argparse.ArgumentParser.format_help, argparse.ArgumentParser.format_usage
+
+    def format_help(parser):
+        _plain_parser(parser)
+        return saved[0](parser)
+
+    def format_usage(parser):
+        _plain_parser(parser)
+        return saved[1](parser)
+
+    argparse.ArgumentParser.format_help, argparse.ArgumentParser.format_usage = format_help, format_usage
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.format_help, argparse.ArgumentParser.format_usage = saved
 
 
 def repo_root() -> Path:
@@ -91,9 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     from arlopti.config.cli_report import run_command
 
     try:
-        return run_command(importlib.import_module(target).main, rest)
+        with named_as():
+            return run_command(importlib.import_module(target).main, rest)
     except SystemExit as done:  # argparse's --help and usage errors
         return _status(done)
 
 
-__all__ = ["SUBCOMMANDS", "main", "repo_root", "usage"]
+__all__ = ["SUBCOMMANDS", "main", "named_as", "plain_help", "repo_root", "usage"]

@@ -23,12 +23,17 @@ prints "`Trainer.fit` stopped: `max_epochs=1` reached."; it then says ``rollout_
 or nothing after a signal (the checkpoint callback has said why). The callbacks that know the
 trainer register it with :func:`watch_fit_stop`.
 
+Third-party progress bars (transformers' "Loading weights", the hub's downloads) are off
+(:func:`quiet_download_bars`): they sat between the step lines. ``HF_HUB_DISABLE_PROGRESS_BARS=0``
+keeps them.
+
 Every other warning stays, so do all of this project's warnings.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import warnings
@@ -157,7 +162,27 @@ def filter_third_party_warnings() -> None:
         warnings.filterwarnings("ignore", message=message, module=module)
 
 
+#: Hugging Face's own switch for its progress bars: "0" keeps them (:func:`quiet_download_bars`).
+PROGRESS_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
+
+
+def quiet_download_bars() -> bool:
+    """Turn off third-party progress bars (transformers' "Loading weights", the hub's downloads): the
+    step line and the rollout-step bar are the run's progress. ``HF_HUB_DISABLE_PROGRESS_BARS=0`` keeps
+    them (Hugging Face's own setting, docs/logging.md). Returns whether they were turned off."""
+    if os.environ.get(PROGRESS_BARS_ENV) == "0":
+        return False
+    os.environ[PROGRESS_BARS_ENV] = "1"
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    disable_progress_bars()
+    transformers_logging.disable_progress_bar()
+    return True
+
+
 def quiet_console() -> None:
-    """:func:`route_lightning_logs` and :func:`filter_third_party_warnings`."""
+    """:func:`route_lightning_logs`, :func:`filter_third_party_warnings` and :func:`quiet_download_bars`."""
     route_lightning_logs()
     filter_third_party_warnings()
+    quiet_download_bars()
