@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from arlopti.checkpoints.export import export_checkpoint, main
-from arlopti.checkpoints.model_card import (BIBTEX, HUB_PREFIX, card_text, front_matter, hub_datasets,
-                                            hub_model_id)
+from arlopti.checkpoints.model_card import (BIBTEX, HUB_PREFIX, card_text, data_description, front_matter,
+                                            hub_datasets, hub_model_id, reward_lines, rounded, settings_in_force)
 from arlopti.checkpoints.resume import load_checkpoint_metadata
 from helpers.train_cli import run_train_cli
 
@@ -84,20 +84,29 @@ def test_card_equals_the_runs_config_and_summary(run_dir, tmp_path):
     assert meta["tags"] == data.tags == want_tags
     assert meta["library_name"] == "transformers" and meta["pipeline_tag"] == "text-generation"
     assert "base_model" not in meta and "datasets" not in meta
-    head = (out / "README.md").read_text().split("\n---\n", 1)[0]
-    assert f"# base_model: none: model.name_or_path={cfg['model']['name_or_path']} is not a hub id" in head
-    assert f"source={cfg['data']['source']}, generator_seed={cfg['data']['generator_seed']}" in head
-    # the settings: every algorithm.* value the config sets, and the training sizes, as the card shows them
+    assert f"- base model: `{cfg['model']['name_or_path']}` (not a hub id)" in body
+    assert f"`data.source` = {cfg['data']['source']}, `data.generator_seed` = {cfg['data']['generator_seed']}" in body
+    # the settings in force: the config's values (rounded), AR's and Lopti's on, no method that is off
     rows = table(body)
     config_values = {**flat(algo, "algorithm"), **{f"optim.{k}": cfg["optim"][k] for k in ("lr", "name")},
                      **{f"sizes.{k}": cfg["sizes"][k] for k in ("prompts_per_step", "group_size", "mini_batch_size")},
                      "rollout.temperature": cfg["rollout"]["temperature"]}
-    card_algo = {k for k in rows if k.startswith("algorithm.")}
-    assert card_algo == {k for k in config_values if k.startswith("algorithm.")}  # every setting, no other
-    for key, value in config_values.items():
-        assert key in rows, f"{key} (= {value!r} in .hydra/config.yaml) is not in the card"
-        assert rows[key] == value, f"{key}: card {rows[key]!r}, config {value!r}"
+    for key, value in rows.items():
+        if key in config_values:
+            assert value == rounded(config_values[key]), f"{key}: card {value!r}, config {config_values[key]!r}"
+    for key in ("optim.lr", "sizes.group_size", "algorithm.clip_low", "algorithm.lopti.eta"):
+        assert key in rows, key
     assert rows["algorithm.ar_alpha"] > 0 and rows["algorithm.lopti.enabled"] is True  # the run's, not defaults
+    assert not any(k.startswith(("algorithm.token_method.", "algorithm.loss_params.", "algorithm.dapo."))
+                   for k in rows), sorted(rows)  # ppo_clip, no token method, no DAPO: all off
+    # what was rewarded, the versions, the quick start; no path of this machine anywhere
+    assert "## What was rewarded" in body and "- task: `kk`, its built-in reward (`tasks.kk.official_cut` = false)" in body
+    assert re.search(r"^- torch: \d", body, re.M) and re.search(r"^- transformers: \d", body, re.M)
+    assert 'pipeline("text-generation", model="kk_ar_lopti_hf")' in body
+    export = json.loads((out / "arlopti_export.json").read_text())
+    assert export["checkpoint"] == "/".join([*run_dir.resolve().parts[-3:], "checkpoints", "last.ckpt"])
+    for text in ((out / "README.md").read_text(), (out / "arlopti_export.json").read_text()):
+        assert str(tmp_path) not in text and str(run_dir.resolve().parent) not in text
     # the evaluation: model-index per set, the body's table for every val/* number, all = eval_last
     last = summary["eval_last"]
     assert last["rollout_step"] == summary["rollout_steps"] == 2
@@ -107,12 +116,12 @@ def test_card_equals_the_runs_config_and_summary(run_dir, tmp_path):
     for r in data.eval_results:
         task_set = r.dataset_type.removeprefix("arlopti:")
         mode, metric = r.metric_name.split(" ")
-        assert r.metric_value == per_set[f"val/{task_set}/{mode}/{metric}"], r
-    assert {k: v for k, v in rows.items() if k.startswith("val/")} == {k: v for k, v in last.items()
+        assert r.metric_value == rounded(per_set[f"val/{task_set}/{mode}/{metric}"]), r
+    assert {k: v for k, v in rows.items() if k.startswith("val/")} == {k: rounded(v) for k, v in last.items()
                                                                       if k.startswith("val/")}
     for key in ("reward/mean", "reward/accuracy"):  # the training rollouts' first and last steps
-        assert re.search(rf"^\| `{key}` \| `{json.dumps(summary['start'][key])}` \| `{json.dumps(summary['end'][key])}` \|$",
-                         body, re.M), key
+        first, final = (json.dumps(rounded(summary[part][key])) for part in ("start", "end"))
+        assert re.search(rf"^\| `{key}` \| `{re.escape(first)}` \| `{re.escape(final)}` \|$", body, re.M), key
     assert BIBTEX in body and "Do Not Let Low-Probability Tokens Over-Dominate in {RL} for {LLMs}" in BIBTEX
     assert "arXiv:2505.12929" in BIBTEX
 
@@ -172,11 +181,82 @@ def test_hub_ids_only_where_they_are_ids(tmp_path, monkeypatch):
     assert "model-index" not in meta
 
 
-def test_a_multi_line_data_setting_stays_one_comment_line():
+def test_the_data_line_is_one_line_without_the_machines_paths():
     data = {"_target_": "arlopti.data.generic_datamodule.GenericPromptDataModule", "train_file": "/data/train.jsonl",
             "system_prompt": "You are helpful.\n---\nmodel-index: []"}
-    text = front_matter({"model": {"name_or_path": "tiny"}}, data, "m", {}, adapter=False)
-    meta = yaml.safe_load(text)
+    line = data_description(data)
+    assert line == ("GenericPromptDataModule: `data.train_file` = train.jsonl, `data.system_prompt` = You are helpful. "
+                    "--- model-index: []")
+    meta = yaml.safe_load(front_matter({"model": {"name_or_path": "tiny"}}, data, "m", {}, adapter=False))
     assert "model-index" not in meta and "datasets" not in meta
-    (line,) = [t for t in text.splitlines() if t.startswith("# datasets:")]
-    assert "GenericPromptDataModule(train_file=/data/train.jsonl, system_prompt=You are helpful. --- model-index: [])" in line
+
+
+# ---- issue 54 item 4: what was rewarded, the settings in force, rounded; the push to the hub ----------
+def test_the_card_says_what_was_rewarded():
+    custom = {"task": {"reward_fns": ["rewards.py:correct", "rewards.py:brevity"], "reward_weights": [1.0, 0.1, 0.5],
+                       "reward_model": "/models/my-rm"}, "data": {"task": "custom"}}
+    assert reward_lines(custom, {}) == ["- task: `custom`, the weighted sum of:", "  - `rewards.py:correct`, weight 1.0",
+                                        "  - `rewards.py:brevity`, weight 0.1", "  - reward model `my-rm`, weight 0.5"]
+    alone = reward_lines({"task": {"reward_model": "OpenAssistant/rm", "reward_fn": None}}, {})
+    assert alone[1] == "  - reward model `OpenAssistant/rm`, weight 1.0"  # a hub name as it is, a folder by its name
+    math = reward_lines({"task": {"env": None}, "data": {}, "tasks": {"math": {"grader": "official"}}},
+                        {"_target_": "arlopti.data.math.MathDataModule"})
+    assert math == ["- task: `math`, its built-in reward (`tasks.math.grader` = official)"]
+    assert "Not recorded" in reward_lines(None, {})[0]
+
+
+def test_only_the_settings_in_force_are_listed_rounded():
+    import dataclasses
+
+    from arlopti.config import RunConfig
+
+    run = dataclasses.asdict(RunConfig())
+    run["optim"]["lr"] = 1.23456789e-6
+    grpo = settings_in_force(run)
+    assert grpo["optim.lr"] == 1.23456789e-6  # the raw value; the card shows it rounded
+    assert rounded(grpo["optim.lr"]) == 1.235e-6 and rounded([0.123456, 2]) == [0.1235, 2]
+    assert not any(k.startswith(("algorithm.lopti", "algorithm.ar_alpha", "algorithm.token_method",
+                                 "algorithm.loss_params", "algorithm.dapo", "algorithm.rollout_correction")) for k in grpo)
+    run["algorithm"].update(policy_loss="sapo", token_method={**run["algorithm"]["token_method"], "name": "clip_cov"},
+                            lopti={**run["algorithm"]["lopti"], "enabled": True}, kl_coef=0.0)
+    on = settings_in_force(run)
+    assert {k for k in on if k.startswith("algorithm.loss_params.")} == {
+        "algorithm.loss_params.sapo_tau_pos", "algorithm.loss_params.sapo_tau_neg", "algorithm.loss_params.sapo_empty_rows"}
+    assert {k for k in on if k.startswith("algorithm.token_method.")} == {
+        "algorithm.token_method.name", "algorithm.token_method.cov_ratio", "algorithm.token_method.clip_cov_lb",
+        "algorithm.token_method.clip_cov_ub"}
+    assert "algorithm.lopti.eta" in on and not any(k.startswith("algorithm.kl_") for k in on)
+
+
+class _StandInHub:
+    """``huggingface_hub.HfApi`` that records its calls and touches no network."""
+
+    calls: list = []
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", repo_id, kwargs))
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs["repo_id"], kwargs))
+        return "https://huggingface.co/me/m/commit/0"
+
+
+def test_push_to_hub_uploads_the_export_with_hfapi(run_dir, tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    _StandInHub.calls = []
+    monkeypatch.setattr(huggingface_hub, "HfApi", _StandInHub)
+    out = tmp_path / "pushed"
+    assert main([str(run_dir), str(out), "--push-to-hub", "me/m", "--private"]) == 0
+    (create, upload) = _StandInHub.calls
+    assert create == ("create_repo", "me/m", {"repo_type": "model", "private": True, "exist_ok": True})
+    assert upload[1] == "me/m" and upload[2]["folder_path"] == str(out) and upload[2]["repo_type"] == "model"
+    assert 'pipeline("text-generation", model="me/m")' in (out / "README.md").read_text()
+    assert "pushed to https://huggingface.co/me/m" in capsys.readouterr().out
+
+
+def test_private_without_a_push_is_refused():
+    from arlopti.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--private: .*--push-to-hub"):
+        main(["a.ckpt", "out", "--private"])

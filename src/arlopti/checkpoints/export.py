@@ -9,7 +9,10 @@ Hugging Face model card of the run (:mod:`arlopti.checkpoints.model_card`: setti
 validation of these weights, the paper's citation). The result loads with
 ``AutoModelForCausalLM.from_pretrained(out_dir)`` and ``AutoTokenizer.from_pretrained(out_dir)``.
 A LoRA run (``model.lora.r > 0``) exports its adapter as a PEFT folder, or merged weights with
-``--merge`` (docs/lora.md).
+``--merge`` (docs/lora.md). ``--push-to-hub OWNER/NAME`` then uploads the folder with
+``huggingface_hub.HfApi().upload_folder`` (the repo created if needed; ``--private``); the card's quick
+start loads that repo. Nothing in the folder names a path of this machine: ``arlopti_export.json``
+names the checkpoint by its run (``<task_name>/<run_name>/<time>/checkpoints/last.ckpt``).
 
 The model architecture and tokenizer come from the run config saved in the checkpoint
 (``hyper_parameters.run.model``): ``tiny`` models and their tokenizer are rebuilt
@@ -172,21 +175,46 @@ def export_dtype(name: str) -> torch.dtype:
         raise ConfigError(str(err)) from None
 
 
-def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None, merge: bool = False) -> Path:
+def checkpoint_label(path: Path) -> str:
+    """The checkpoint as the export records it, without the machine's folders: from its run folder
+    (``<task_name>/<run_name>/<time>/checkpoints/<name>``) when it sits in one, else its name."""
+    from arlopti.checkpoints.model_card import run_dir_of
+
+    run = run_dir_of(path)
+    if run is None:
+        return path.name
+    return "/".join([*run.resolve().parts[-3:], "checkpoints", path.name])
+
+
+def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
+    """Upload the export ``folder`` to the hub repo ``repo_id`` (created if absent) with ``HfApi``;
+    returns the commit's URL. Credentials are ``huggingface_hub``'s own (``hf auth login`` / ``HF_TOKEN``)."""
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                               commit_message=f"arlopti export of {folder.name}")
+    return str(getattr(commit, "commit_url", commit))
+
+
+def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None = None, merge: bool = False,
+                      repo_id: str | None = None) -> Path:
     """Write ``save_pretrained`` model + tokenizer of ``ckpt`` into ``out_dir``, with its model card
     (``README.md``, :func:`arlopti.checkpoints.model_card.card_text`); returns ``out_dir``.
 
     ``dtype`` (``bfloat16``, ``float16``, ``float32``) casts the weights; default: as trained.
     A LoRA checkpoint exports a PEFT adapter folder (``adapter_model.safetensors`` +
     ``adapter_config.json``, for ``PeftModel.from_pretrained(base, out_dir)``), or with ``merge``
-    the merged full weights.
+    the merged full weights. ``repo_id``: the hub repo the folder will be pushed to (the card's quick
+    start loads it; :func:`push_to_hub` uploads).
     """
     cast = None if dtype is None else export_dtype(dtype)
     path = named_checkpoint(ckpt)
     meta = load_checkpoint_metadata(path)
     out = Path(out_dir)
     adapter = lora_enabled(model_config_of(meta, path).lora) and not merge
-    card = card_text(meta, path, out.resolve().name, adapter)  # a bad summary.json is named before any write
+    card = card_text(meta, path, out.resolve().name, adapter, repo_id)  # a bad summary.json is named before any write
     model, tok = load_policy_from_checkpoint(path, merge=merge)
     if cast is not None:
         model = model.to(cast)
@@ -195,7 +223,7 @@ def export_checkpoint(ckpt: str | Path, out_dir: str | Path, dtype: str | None =
     tok.save_pretrained(out)
     model_cfg = (meta.get("hyper_parameters") or {}).get("run", {}).get("model", {})
     # model_config: what rebuilds the base of an adapter export (arlopti.models.loading.load_adapter_model)
-    info = {"checkpoint": str(path.resolve()), "rollout_step": (meta.get("arlopti") or {}).get("rollout_step"),
+    info = {"checkpoint": checkpoint_label(path), "rollout_step": (meta.get("arlopti") or {}).get("rollout_step"),
             "global_step": meta.get("global_step"), "model": model_cfg.get("name_or_path"), "model_config": model_cfg}
     if (meta.get("arlopti") or {}).get("lora_base"):
         info.update(lora="merged" if merge else "adapter", lora_base=meta["arlopti"]["lora_base"])
@@ -212,15 +240,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="cast the weights: bfloat16 | float16 | float32 (default: as trained)")
     ap.add_argument("--merge", action="store_true",
                     help="LoRA checkpoints: write merged full weights instead of the PEFT adapter folder")
+    ap.add_argument("--push-to-hub", metavar="OWNER/NAME", default=None,
+                    help="then upload the folder to this Hugging Face Hub repo (created if absent; HfApi's login)")
+    ap.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
     args = ap.parse_args(argv)
+    if args.private and not args.push_to_hub:
+        raise ConfigError("--private: it applies to the repo --push-to-hub creates; add --push-to-hub OWNER/NAME")
     try:
-        out = export_checkpoint(args.ckpt, args.out_dir, args.dtype, merge=args.merge)
+        out = export_checkpoint(args.ckpt, args.out_dir, args.dtype, merge=args.merge, repo_id=args.push_to_hub)
     except ConfigError:
         raise  # one line and exit status 1, as every command reports it (arlopti.config.cli_report)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"exported {args.ckpt} -> {out}")
+    if args.push_to_hub:
+        print(f"pushed to https://huggingface.co/{args.push_to_hub}: {push_to_hub(out, args.push_to_hub, args.private)}")
     return 0
 
 
