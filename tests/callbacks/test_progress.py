@@ -194,3 +194,27 @@ def test_the_worker_side_of_a_server_step_is_on_the_long_line():
     assert format_line(3, 10, m, None, 29.0) == (
         "step 3/10 | reward -1.250 | stale 1 | wait 0.3 s | idle 0.1 s | queue 2 | worker tok/s 340 | ETA 0:00:29")
     assert format_compact(3, 10, m, None, 29.0) == "step 3/10 rew -1.250 ETA 0:00:29"  # 80 columns: no room
+
+
+@pytest.mark.parametrize("custom, shows", [(None, True), ({"reward_fn": "r.py:f"}, True),
+                                           ({"reward_model": "rm", "reward_fns": ["r.py:f"]}, True),
+                                           ({"reward_model": "rm", "reward_fn": None, "reward_fns": None}, False)])
+def test_accuracy_is_on_the_line_only_where_the_task_defines_it(custom, shows, caplog):
+    """Issue 54 item 3: a reward model alone scores on its own scale; ``acc 0.000`` (reward > 0) on every
+    line said nothing. Built-in tasks and reward functions keep it."""
+    from types import SimpleNamespace
+
+    class Trainer(SimpleNamespace):  # weak-referenceable, as Lightning's Trainer is
+        pass
+
+    metrics = {"reward/mean": 1.25, "reward/std": 0.5, "reward/zero_std_group_frac": 0.0, "reward/accuracy": 0.0}
+    trainer = Trainer(global_rank=0, max_epochs=1, num_training_batches=10, should_stop=False)
+    options = {"kk": {}, "custom": custom}
+    line = StepLine(style="compact")
+    line.on_train_start(trainer, SimpleNamespace(rollout_step=0, task_options=options))
+    module = SimpleNamespace(rollout_step=1, total_rollout_steps=10, cfg=None, task_options=options,
+                             last_step_context=SimpleNamespace(metrics=metrics))
+    with caplog.at_level("INFO"):
+        line.on_train_batch_end(trainer, module, None, None, 0)
+    (text,) = [r.getMessage() for r in caplog.records if r.name == "arlopti.progress"]
+    assert text.startswith("step 1/") and ("acc 0.000" in text) == shows, text

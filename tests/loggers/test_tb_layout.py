@@ -69,7 +69,7 @@ def test_the_layout_is_written_once_with_reward_first(run):
     print("categories:", titles)
     assert titles == [REWARD, LOW_PROB, UPDATE, ROLLOUT]
     first = [c.title for c in layout.category[0].chart]
-    assert first[:4] == ["train reward (mean)", "train accuracy", "train format rate (K&K format_ok, math boxed)",
+    assert first[:4] == ["train reward (mean)", "train accuracy", "train format rate (K&K format_ok)",
                          "validation accuracy (mean over sets)"]
     # the layout in the file is the one the run's facts give (AR + Lopti, diagnostics, validation, KL)
     facts = LayoutFacts(ar=True, lopti=True, kl=True, diag_prefix="diag", diag_buckets=True, update_direction=True,
@@ -91,8 +91,7 @@ def test_every_chart_draws_tags_the_run_wrote(run):
     assert matched["train accuracy"] == ["reward/accuracy"]
     assert matched["validation accuracy (mean over sets)"] == ["val/kk/mean/greedy/acc", "val/kk/mean/sampling/acc"]
     assert all("/mean/" not in t for t in matched["validation accuracy per set"])
-    assert matched["token share per p_old bucket"] == [f"diag/bucket_frac/{b}" for b in BUCKET_NAMES
-                                                       if f"diag/bucket_frac/{b}" in tags]
+    assert matched[TOKEN_SHARE] == [f"diag/bucket_frac/{b}" for b in BUCKET_NAMES if f"diag/bucket_frac/{b}" in tags]
     assert matched["Lopti phases: token share"] == ["lopti/high_frac", "lopti/low_frac"]
     low_prob = {t for cat in layout.category if cat.title == LOW_PROB for ch in cat.chart for t in matched[ch.title]}
     assert not low_prob & {t for t in tags if t.startswith(("reward/", "val/"))}  # a group of its own
@@ -134,10 +133,43 @@ def test_charts_follow_the_run():
     assert list(grpo) == [REWARD, LOW_PROB, UPDATE, ROLLOUT]
     names = {t for charts in grpo.values() for t in charts}
     assert not any(t.startswith(("Lopti", "AR ")) or "before AR" in t or "validation" in t for t in names)
-    assert "KL to the reference" not in names and "token share per p_old bucket" not in names
+    assert "KL to the reference" not in names and TOKEN_SHARE not in names
     other = scalar_layout(LayoutFacts(diag_prefix="probe", update_direction=False))
-    assert other[LOW_PROB]["token share per p_old bucket"][1] == [r"probe/bucket_frac/[^/]+$"]
+    assert other[LOW_PROB][TOKEN_SHARE][1] == [f"probe/bucket_frac/{re.escape(b)}$" for b in BUCKET_NAMES]
     assert not any("update direction" in t for t in other[LOW_PROB])
+
+
+#: The token-share chart's title: the buckets' order in it, since a chart has no legend setting.
+TOKEN_SHARE = f"token share per bucket (p_old {BUCKET_NAMES[0]} ... {BUCKET_NAMES[-1]})"
+
+
+def test_each_bucket_is_a_series_of_its_own():
+    """Issue 54 item 6: one pattern per bucket, so each bucket is named in the chart's list (the layout has
+    no legend or y-axis option: ``layout_pb2.Chart`` holds a title and the patterns only)."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    assert set(layout_pb2.Chart.DESCRIPTOR.fields_by_name) == {"title", "multiline", "margin"}
+    low = scalar_layout(LayoutFacts(ar=True, lopti=True))[LOW_PROB]
+    per_bucket = {t: p for t, (_, p) in low.items() if "per bucket" in t or "update direction" in t}
+    assert len(per_bucket) == 7
+    for title, patterns in per_bucket.items():
+        assert title.endswith(f"(p_old {BUCKET_NAMES[0]} ... {BUCKET_NAMES[-1]})"), title
+        assert len(patterns) == len(BUCKET_NAMES)
+        for pattern, name in zip(patterns, BUCKET_NAMES):
+            tag = pattern.removesuffix("$").replace("\\", "")
+            assert tag.endswith("/" + name) and re.match(pattern, tag), (pattern, tag)
+
+
+def test_charts_of_tags_the_task_does_not_write_are_left_out():
+    """Issue 54 item 6: ``task=custom`` writes no format rate (the K&K / math charts showed "Matches (0)"),
+    math writes ``reward/boxed`` and no validation format rate; a task without accuracy gets no accuracy chart."""
+    titles = {task: list(scalar_layout(LayoutFacts(task=task))[REWARD]) for task in ("kk", "math", "custom")}
+    assert "train format rate (K&K format_ok)" in titles["kk"] and "validation format rate (mean over sets)" in titles["kk"]
+    assert "train boxed-answer rate (math)" in titles["math"]
+    assert not any("format" in t for t in titles["math"] if t != "train boxed-answer rate (math)")
+    assert not any("format" in t or "boxed" in t for t in titles["custom"])
+    assert "train accuracy" in titles["custom"]
+    assert "train accuracy" not in scalar_layout(LayoutFacts(task="custom", accuracy=False))[REWARD]
 
 
 def test_only_tensorboard_loggers_get_it(tmp_path):

@@ -237,6 +237,7 @@ class StepLine(Callback):
         self._t0: float | None = None
         self._start_step = 0
         self._last_t: float | None = None
+        self._accuracy = True  # the task defines correctness (not a reward model alone): "acc" on the line
         self._flat_since: int | None = None  # first step of the current run of steps without a signal
         self._warned_since: int | None = None
 
@@ -244,6 +245,9 @@ class StepLine(Callback):
         watch_fit_stop(trainer)  # so Lightning's closing line names rollout_steps, not max_epochs
         self._t0 = self._last_t = time.perf_counter()
         self._start_step = int(getattr(pl_module, "rollout_step", 0))
+        from arlopti.loggers.tb_layout import shows_accuracy
+
+        self._accuracy = shows_accuracy(getattr(pl_module, "task_options", None))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = int(getattr(pl_module, "rollout_step", 0))
@@ -260,6 +264,8 @@ class StepLine(Callback):
         self._last_t = now
         fmt = format_line if (self.style if self.style != "auto" else line_style()) == "long" else format_compact
         metrics = {**ctx.metrics, "no_signal": flat}
+        if not self._accuracy:  # a reward model's raw score > 0 is no "correct": no acc 0.000 on every line
+            metrics.pop("reward/accuracy", None)
         log.info(fmt(step, total, metrics, step_s, eta_seconds(step, total, self._start_step, now - self._t0)))
 
     def _watch_signal(self, step: int, flat: bool, reward: float | None) -> None:

@@ -10,9 +10,10 @@ ends with ``$``), all matches drawn in one chart.
 :func:`scalar_layout` builds that layout from what the run will log (docs/metrics.md lists every
 tag), in this order:
 
-1. ``reward and accuracy``: the train reward, accuracy and format rate (K&K ``reward/format_ok``,
-   math ``reward/boxed``) of the rollouts, and the validation accuracy (mean over the sets and per
-   set, ``acc`` / ``avg@n`` / ``pass@n``: :data:`arlopti.eval.runner.ACCURACY_METRIC`) and format rate;
+1. ``reward and accuracy``: the train reward, accuracy (where the task defines one) and format rate
+   (K&K ``reward/format_ok``, math ``reward/boxed``; only for those tasks) of the rollouts, and the
+   validation accuracy (mean over the sets and per set, ``acc`` / ``avg@n`` / ``pass@n``:
+   :data:`arlopti.eval.runner.ACCURACY_METRIC`) and K&K's format rate;
 2. ``low-probability tokens``: the mechanism the paper is about: the share of tokens and of the
    gradient mass per p_old bucket (``diag/*``, with AR also before AR and the AR weight), the update
    direction per bucket, the effective weight per bucket and, with Lopti, the two phases (token
@@ -20,7 +21,13 @@ tag), in this order:
 3. ``policy update``: loss, KL, entropy, clipping, gradient norm, learning rate;
 4. ``rollout``: response length, truncation, p_old of the sampled tokens, tokens per second.
 
-Charts for tags the run does not write are left out: AR's without ``algorithm.ar_alpha``, Lopti's
+A per-bucket chart lists one pattern per p_old bucket (``.../0\.00-0\.25$``, from
+:data:`arlopti.algorithms.buckets.BUCKET_NAMES`), so each bucket is a named series of its own in the
+chart's list of matches; ``layout_pb2.Chart`` has no legend or axis setting (only a title and the tag
+patterns), so the bucket order is also in the chart's title.
+
+Charts for tags the run does not write are left out: the format charts of a task that writes none
+(``task=custom``), accuracy for a task that does not define it, AR's without ``algorithm.ar_alpha``, Lopti's
 without ``algorithm.lopti.enabled``, the KL's without ``algorithm.kl_coef``, the ``diag/*`` ones without the diagnostics callback (its own
 ``prefix``; the update direction only when it measures it), validation without the eval callback.
 :func:`write_scalar_layout` writes it once, at the start of training, through each TensorBoard
@@ -44,7 +51,11 @@ _VAL_SET = r"val/[^/]+/(?!mean/)[^/]+/[^/]+/"  # val/<task>/<set>/<mode>/, the s
 #: (callbacks imports this module); a test keeps the two equal.
 ACCURACY_PATTERN = r"acc|(avg|pass)@\d+"
 _ACC = f"(?:{ACCURACY_PATTERN})$"
-_BUCKET = r"[^/]+$"                               # a p_old bucket, e.g. 0.00-0.25
+#: The format-rate chart of each task that writes one: (title, tag pattern).
+FORMAT_CHARTS = {"kk": ("train format rate (K&K format_ok)", r"reward/format_ok$"),
+                 "math": ("train boxed-answer rate (math)", r"reward/boxed$")}
+#: The task whose validation writes ``format_rate`` (arlopti.eval.runner: K&K's format check).
+VAL_FORMAT_TASKS = ("kk",)
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,8 @@ class LayoutFacts:
     diag_buckets: bool = True             # it writes the per-bucket statistics (every_n_steps set)
     update_direction: bool = True         # it measures the update direction (update_direction_every_n_steps set)
     validation: bool = True               # an eval callback writes val/*
+    task: str | None = "kk"               # the task that scores the data (its format charts)
+    accuracy: bool = True                 # the task defines correctness (reward/accuracy means something)
 
 
 def _chart(*patterns: str) -> list:
@@ -65,14 +78,31 @@ def _chart(*patterns: str) -> list:
     return ["Multiline", list(patterns)]
 
 
+def _buckets(prefix: str) -> list[str]:
+    """One pattern per p_old bucket under ``prefix``: each bucket a named series (module docstring)."""
+    from arlopti.algorithms.buckets import BUCKET_NAMES
+
+    return [f"{prefix}/{re.escape(name)}$" for name in BUCKET_NAMES]
+
+
+def _bucket_title(what: str) -> str:
+    from arlopti.algorithms.buckets import BUCKET_NAMES
+
+    return f"{what} (p_old {BUCKET_NAMES[0]} ... {BUCKET_NAMES[-1]})"
+
+
 def _reward_charts(f: LayoutFacts) -> dict[str, list]:
-    charts = {"train reward (mean)": _chart(r"reward/mean$"),
-              "train accuracy": _chart(r"reward/accuracy$"),
-              "train format rate (K&K format_ok, math boxed)": _chart(r"reward/(?:format_ok|boxed)$")}
+    charts = {"train reward (mean)": _chart(r"reward/mean$")}
+    if f.accuracy:
+        charts["train accuracy"] = _chart(r"reward/accuracy$")
+    if f.task in FORMAT_CHARTS:
+        title, pattern = FORMAT_CHARTS[f.task]
+        charts[title] = _chart(pattern)
     if f.validation:
         charts["validation accuracy (mean over sets)"] = _chart(_VAL_MEAN + _ACC)
         charts["validation accuracy per set"] = _chart(_VAL_SET + _ACC)
-        charts["validation format rate (mean over sets)"] = _chart(_VAL_MEAN + r"format_rate$")
+        if f.task in VAL_FORMAT_TASKS:
+            charts["validation format rate (mean over sets)"] = _chart(_VAL_MEAN + r"format_rate$")
     return charts
 
 
@@ -80,15 +110,18 @@ def _low_prob_charts(f: LayoutFacts) -> dict[str, list]:
     charts: dict[str, list] = {}
     d = re.escape(f.diag_prefix) if f.diag_prefix else None
     if d and f.diag_buckets:
-        charts["token share per p_old bucket"] = _chart(f"{d}/bucket_frac/{_BUCKET}")
-        charts["gradient-mass share per bucket"] = _chart(f"{d}/grad_mass_share/{_BUCKET}")
+        charts[_bucket_title("token share per bucket")] = _chart(*_buckets(f"{d}/bucket_frac"))
+        charts[_bucket_title("gradient-mass share per bucket")] = _chart(*_buckets(f"{d}/grad_mass_share"))
         if f.ar:
-            charts["gradient-mass share per bucket, before AR"] = _chart(f"{d}/grad_mass_share_raw/{_BUCKET}")
-            charts["AR weight per bucket"] = _chart(f"{d}/ar_weight/{_BUCKET}")
+            charts[_bucket_title("gradient-mass share per bucket, before AR")] = _chart(
+                *_buckets(f"{d}/grad_mass_share_raw"))
+            charts[_bucket_title("AR weight per bucket")] = _chart(*_buckets(f"{d}/ar_weight"))
     if d and f.update_direction:
-        charts["update direction, A > 0: share whose log-prob rose"] = _chart(f"{d}/update_dir_pos/{_BUCKET}")
-        charts["update direction, A < 0: share whose log-prob fell"] = _chart(f"{d}/update_dir_neg/{_BUCKET}")
-    charts["effective weight per bucket (1 = GRPO)"] = _chart(f"update/effective_weight/{_BUCKET}")
+        charts[_bucket_title("update direction, A > 0: share whose log-prob rose")] = _chart(
+            *_buckets(f"{d}/update_dir_pos"))
+        charts[_bucket_title("update direction, A < 0: share whose log-prob fell")] = _chart(
+            *_buckets(f"{d}/update_dir_neg"))
+    charts[_bucket_title("effective weight per bucket (1 = GRPO)")] = _chart(*_buckets("update/effective_weight"))
     if f.ar:
         charts["AR weight (mean over tokens)"] = _chart(r"ar/weight_mean$")
     if f.lopti:
@@ -129,9 +162,10 @@ def _is(obj, class_name: str) -> bool:
     return any(c.__name__ == class_name for c in type(obj).__mro__)
 
 
-def layout_facts(run: dict, callbacks) -> LayoutFacts:
+def layout_facts(run: dict, callbacks, task: str | None = "kk", accuracy: bool = True) -> LayoutFacts:
     """:class:`LayoutFacts` of a run: its run config (``asdict(RunConfig)``; ``algorithm.ar_alpha``,
-    ``algorithm.lopti.enabled``, ``algorithm.kl_coef``) and its Lightning callbacks (the diagnostics and eval callbacks)."""
+    ``algorithm.lopti.enabled``, ``algorithm.kl_coef``), its Lightning callbacks (the diagnostics and eval
+    callbacks), the task that scores its data and whether that task defines accuracy."""
     algo = run.get("algorithm") or {}
     diag = next((cb for cb in callbacks if _is(cb, DIAGNOSTICS) and getattr(cb, "enabled", True)), None)
     return LayoutFacts(ar=float(algo.get("ar_alpha") or 0.0) > 0, lopti=bool((algo.get("lopti") or {}).get("enabled")),
@@ -139,7 +173,7 @@ def layout_facts(run: dict, callbacks) -> LayoutFacts:
                        diag_prefix=diag.prefix if diag is not None else None,
                        diag_buckets=diag is not None and diag.every_n_steps is not None,
                        update_direction=diag is not None and diag.update_direction_every_n_steps is not None,
-                       validation=any(_is(cb, EVAL) for cb in callbacks))
+                       validation=any(_is(cb, EVAL) for cb in callbacks), task=task, accuracy=accuracy)
 
 
 def write_scalar_layout(loggers, layout: dict[str, dict[str, list]]) -> int:
@@ -155,8 +189,22 @@ def write_scalar_layout(loggers, layout: dict[str, dict[str, list]]) -> int:
     return written
 
 
+def shows_accuracy(task_options: dict | None) -> bool:
+    """Whether a run's accuracy (``reward/accuracy``: correct responses) means something: always for the
+    built-in tasks and for reward functions (a function's ``correct`` key, else reward > ``task.correct_above``);
+    not for a reward model alone (``task.reward_model`` without ``task.reward_fn(s)``), whose raw scores'
+    sign says nothing. The step line and the Custom Scalars page leave accuracy out then."""
+    custom = (task_options or {}).get("custom")
+    if not isinstance(custom, dict) or not custom.get("reward_model"):
+        return True
+    return bool(custom.get("reward_fn") or custom.get("reward_fns"))
+
+
 def write_run_layout(trainer, pl_module) -> int:
     """At the start of training: the layout of this run (:func:`layout_facts` of the learner's run
-    config, ``hparams["run"]``, and the trainer's callbacks) into its TensorBoard loggers."""
+    config, ``hparams["run"]``, the trainer's callbacks, the data's task and :func:`shows_accuracy` of the
+    learner's task options) into its TensorBoard loggers."""
     run = dict(getattr(pl_module, "hparams", None) or {}).get("run") or {}
-    return write_scalar_layout(trainer.loggers, scalar_layout(layout_facts(run, trainer.callbacks)))
+    task = getattr(getattr(trainer, "datamodule", None), "task_name", None)
+    accuracy = shows_accuracy(getattr(pl_module, "task_options", None))
+    return write_scalar_layout(trainer.loggers, scalar_layout(layout_facts(run, trainer.callbacks, task, accuracy)))
