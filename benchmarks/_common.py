@@ -213,9 +213,9 @@ def machine_info() -> dict[str, Any]:
     """What the numbers depend on: CPU and its flags, core count, load, torch version and thread count."""
     import torch
 
-    from arlopti.utils.machine import cpu_name
+    from arlopti.utils.machine import cpu_id, cpu_name
 
-    return {"cpu": cpu_name(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
+    return {"cpu": cpu_name(), "cpu_id": cpu_id(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(),
             "load_avg_1_5_15": list(os.getloadavg()), "torch": torch.__version__,
             "torch_kernels": torch.backends.cpu.get_cpu_capability(), "torch_threads": torch.get_num_threads(),
             "python": platform.python_version()}

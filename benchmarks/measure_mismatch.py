@@ -10,12 +10,16 @@ each bucket of p = exp(logπ_old).
 
 ``--engine vllm --engine-dtype float32|bfloat16``: a colocated vLLM engine
 (:class:`arlopti.rollout.vllm.VLLMEngine`, ``rollout.dtype``); ``--engine hf``: the HF engine on the
-live policy (fp32). The trainer is fp32 in every case.
+live policy (fp32). ``--trainer-precision bf16-mixed`` (issue 49): logπ_old as a bf16-mixed trainer computes it
+(Lightning's bf16 autocast, the masters spread within their bf16 rounding intervals as the learner's set-up
+does), and the HF engine as the trainer would build it (``rollout.factory.autocast_of``: fp32 packed weights
+outside autocast on a CPU), or under bf16 autocast with ``--hf-autocast bf16`` (the engine before issue 49).
 
 Usage (SmolLM2-135M-Instruct, offline; about 2-4 min each on 2 cores)::
 
     python benchmarks/measure_mismatch.py --engine vllm --engine-dtype float32
     python benchmarks/measure_mismatch.py --engine vllm --engine-dtype bfloat16
+    python benchmarks/measure_mismatch.py --engine hf --trainer-precision bf16-mixed [--hf-autocast bf16]
     python benchmarks/measure_mismatch.py --smoke     # the tiny model on the HF engine, 2 x 4 tokens: measures nothing
 
 Output: the table on stdout and ``benchmarks/out/measure_mismatch_<engine>_<dtype>.json``.
@@ -43,6 +47,17 @@ def kk_prompts(tok, count: int, seed: int) -> list[list[int]]:
     return tok(texts, add_special_tokens=False)["input_ids"]
 
 
+def trainer_context(precision: str):
+    """Lightning's forward context of a trainer at ``precision``, as the learner's no-grad passes run in it."""
+    import contextlib
+
+    if precision == "32-true":
+        return contextlib.nullcontext()
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    return MixedPrecision(precision, "cpu").forward_context()
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
@@ -53,9 +68,12 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--trainer-precision", choices=("32-true", "bf16-mixed"), default="32-true")
+    ap.add_argument("--hf-autocast", choices=("auto", "bf16"), default="auto",
+                    help="--engine hf: the trainer's choice (rollout.factory.autocast_of), or bf16 autocast")
     ap.add_argument("--smoke", action="store_true", help="the tiny model, HF engine, 1 prompt x 2 x 4 tokens")
     ap.add_argument("--out", default=None, help="file name under benchmarks/out/ (or a path); "
-                                                "default measure_mismatch_<engine>_<dtype>.json")
+                                                "default measure_mismatch_<engine>_<dtype>[_<trainer>].json")
     args = ap.parse_args(argv)
     if args.smoke:
         args.model, args.engine, args.engine_dtype, args.prompts, args.n, args.tokens = "tiny", "hf", "float32", 1, 2, 4
@@ -68,11 +86,14 @@ def main(argv=None) -> int:
     from arlopti.learner.policy import PolicyLM, fill_logprobs
     from arlopti.models.loading import load_causal_lm, load_tokenizer
     from arlopti.rollout.engine import SamplingConfig
+    from arlopti.rollout.factory import autocast_of
     from arlopti.tasks.base import RewardResult
+    from arlopti.utils.precision import mixed_compute_dtype, spread_master_weights
 
     tok = load_tokenizer(args.model)
     policy = PolicyLM(load_causal_lm(args.model, tok, dtype="float32"))
     policy.eval()
+    spread_master_weights(policy, mixed_compute_dtype(args.trainer_precision))  # as the learner's set-up
     prompts = kk_prompts(tok, args.prompts, args.seed)
     sampling = SamplingConfig(temperature=args.temperature, max_new_tokens=args.tokens, seed=args.seed,
                               logprobs=True)
@@ -92,14 +113,16 @@ def main(argv=None) -> int:
             raise SystemExit("--engine hf runs on the live fp32 policy: use --engine-dtype float32")
         from arlopti.rollout.hf import HFEngine
 
-        comps = HFEngine(policy, tok).generate(prompts, args.n, sampling)
+        autocast = torch.bfloat16 if args.hf_autocast == "bf16" else autocast_of(args.trainer_precision, "cpu")
+        comps = HFEngine(policy, tok, autocast_dtype=autocast).generate(prompts, args.n, sampling)
     t_gen = time.perf_counter() - t0
     results = [RewardResult(0.0, False, {}) for cs in comps for _ in cs]
     exp = build_experience(prompts, comps, results, pad_id=tok.pad_token_id)
     if exp.engine_logprobs is None:
         raise SystemExit(f"the {args.engine} engine returned no log-probs")
     old = torch.zeros_like(exp.response_mask)
-    fill_logprobs(policy, exp, list(range(len(exp))), old, chunk_rows=8, temperature=args.temperature)
+    with trainer_context(args.trainer_precision):
+        fill_logprobs(policy, exp, list(range(len(exp))), old, chunk_rows=8, temperature=args.temperature)
     old = old * exp.response_mask
     m = mismatch_metrics(old, exp.engine_logprobs, exp.response_mask)
 
@@ -111,10 +134,13 @@ def main(argv=None) -> int:
             v = m[f"mismatch/{k}{suffix}"]
             row[k] = int(v) if k == "tokens" else ("-" if math.isnan(v) else f"{v:.3g}")
         rows.append(row)
-    print(f"\n{args.model}: engine {args.engine} {args.engine_dtype}, trainer fp32; {len(exp)} responses "
+    print(f"\n{args.model}: engine {args.engine} {args.engine_dtype}"
+          f"{' under bf16 autocast' if args.engine == 'hf' and args.hf_autocast == 'bf16' else ''}, "
+          f"trainer {args.trainer_precision}; {len(exp)} responses "
           f"({args.prompts} K&K prompts x {args.n}), T={args.temperature}, generation {t_gen:.0f} s")
     print(format_table(rows, ["tokens (p = exp(logp_old))", *METRIC_NAMES]))
-    path = write_json(args.out or f"measure_mismatch_{args.engine}_{args.engine_dtype}.json",
+    trainer = "" if args.trainer_precision == "32-true" else f"_{args.trainer_precision}_{args.hf_autocast}"
+    path = write_json(args.out or f"measure_mismatch_{args.engine}_{args.engine_dtype}{trainer}.json",
                       {"args": vars(args),
                        "metrics": {k: (None if math.isnan(v) else v) for k, v in m.items()},
                        "generate_s": t_gen, "machine": machine_info()})

@@ -66,7 +66,8 @@ class BenchmarkEvalCallback(L.Callback):
             from arlopti.rollout.factory import autocast_of, build_engine
 
             engine = build_engine(pl_module.cfg.rollout, pl_module.policy, pl_module.tokenizer,
-                                  autocast_dtype=autocast_of(trainer.precision), device=trainer.strategy.root_device)
+                                  autocast_dtype=autocast_of(trainer.precision, trainer.strategy.root_device),
+                                  device=trainer.strategy.root_device)
             pl_module.rollout_engine = engine
         return engine
 

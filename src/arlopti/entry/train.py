@@ -136,10 +136,13 @@ def attach_rollout_callback(trainer: L.Trainer, group_size: int, task_options: d
 
 
 def trainer_precision(trainer_cfg: DictConfig) -> str:
-    """``trainer.precision`` with ``auto`` resolved (:mod:`arlopti.utils.precision`); the choice is logged."""
-    from arlopti.utils.precision import resolve_precision
+    """``trainer.precision`` with ``auto`` resolved (:mod:`arlopti.utils.precision`; the measured GEMM rates
+    cached in the project's cache folder); the choice, with the two rates where measured, is logged."""
+    from arlopti.models.loading import cache_dir
+    from arlopti.utils.precision import RATES_FILE, resolve_precision
 
-    precision, why = resolve_precision(trainer_cfg.get("precision", "32-true"), trainer_cfg.get("accelerator"))
+    precision, why = resolve_precision(trainer_cfg.get("precision", "32-true"), trainer_cfg.get("accelerator"),
+                                       cache_file=cache_dir() / RATES_FILE)
     if why is not None:
         log.info("trainer.precision=auto: %s, because %s", precision, why)
     return precision

@@ -119,6 +119,8 @@ from arlopti.learner.metric_set import MetricSet
 from arlopti.learner.step_metrics import add_objective_metrics, add_step_metrics
 from arlopti.learner.targets import FirstForward, Targets, complete_targets, token_advantages
 from arlopti.models.loading import load_causal_lm
+from arlopti.tasks.base import trainer_placement
+from arlopti.utils.precision import mixed_compute_dtype, spread_master_weights
 from arlopti.utils.rng import restore_rng_state
 
 log = logging.getLogger(__name__)
@@ -200,6 +202,9 @@ class GRPOModule(L.LightningModule):
 
     def setup(self, stage: str) -> None:
         validate_once(self.cfg, world_size=self.world)  # skipped when already validated for this world size
+        placement = trainer_placement(self.trainer) if stage == "fit" and self._trainer is not None else None
+        if placement is not None:  # bf16-mixed: the forward's casts must see small updates (issue 49)
+            spread_master_weights(self.policy, mixed_compute_dtype(placement[1]))
 
     def configure_model(self) -> None:
         """FSDP2 under a ``ModelParallelStrategy``: shard the policy and the reference. Idempotent."""

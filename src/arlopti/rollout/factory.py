@@ -11,7 +11,7 @@ One factory for every caller, beside the engines, so that nothing reaches into a
 * :func:`build_engine`: an engine alone, for ``eval.py`` and the benchmark-eval callback (which
   share the colocated source's engine when there is one).
 
-``autocast_dtype`` is the HF engine's autocast (bf16 under a bf16 trainer: :func:`autocast_of`);
+``autocast_dtype`` is the HF engine's autocast (bf16 under a bf16 trainer on a GPU: :func:`autocast_of`);
 ``device`` the training process's device: given, the vLLM engine starts on it with dummy weights
 until the first rollout's sync (training); None, it loads the policy's weights now (``eval.py``
 generates at once).
@@ -28,9 +28,14 @@ from arlopti.rollout.engine import RolloutEngine
 from arlopti.rollout.source import HFRollouts, RolloutSource, SamplingPlan, VLLMRollouts
 
 
-def autocast_of(precision) -> torch.dtype | None:
-    """The HF engine's autocast dtype under a trainer of this ``precision`` (Lightning's string)."""
-    return torch.bfloat16 if "bf16" in str(precision) else None
+def autocast_of(precision, device=None) -> torch.dtype | None:
+    """The HF engine's autocast dtype under a trainer of this ``precision`` (Lightning's string) on ``device``
+    (None: the CPU): bf16 under a bf16 trainer on a CUDA device. None on a CPU: there the engine decodes the
+    fp32 master weights on oneDNN-packed copies outside autocast, the fastest path measured (issue 49; RESULTS.md,
+    "bf16-mixed against fp32": bf16 autocast cannot use the packed weights and its SDPA is slower)."""
+    if "bf16" not in str(precision):
+        return None
+    return torch.bfloat16 if torch.device(device if device is not None else "cpu").type == "cuda" else None
 
 
 def build_engine(cfg: RolloutConfig, policy, tokenizer, *, autocast_dtype: torch.dtype | None = None,
@@ -65,7 +70,7 @@ def build_rollouts(model_cfg, cfg: RolloutConfig, policy, tokenizer, group_size:
         kind = HFRollouts if cfg.backend == "hf" else VLLMRollouts
         return kind(engine, group_size, SamplingPlan.of(cfg, rank))
     if cfg.backend == "hf":
-        return HFRollouts.build(cfg, policy, tokenizer, group_size, rank, autocast_dtype=autocast_of(precision))
+        return HFRollouts.build(cfg, policy, tokenizer, group_size, rank, autocast_dtype=autocast_of(precision, device))
     if cfg.backend == "vllm":
         return VLLMRollouts.build(cfg, policy, tokenizer, group_size, rank, device=device)
     raise ValueError(f"rollout.backend={cfg.backend!r}: use 'hf' or 'vllm'")
