@@ -263,3 +263,119 @@ def test_train_run_on_the_reward_model_learns_and_resumes_bit_exact(rm_path, tmp
     diff = {k: float((a[k] - b[k]).abs().max()) for k in a if not torch.equal(a[k], b[k])}
     assert not diff, f"the resumed run's weights differ: {diff}"
     assert float(resumed.last_step_context.metrics["reward/mean"]) == float(m["reward/mean"])
+
+
+# ---- a reward model is what it claims (issue 52) -----------------------------------------------------------
+
+def _edit_config(folder: Path, **changes) -> Path:
+    """``folder``'s config.json with ``changes`` (a value of None drops the key)."""
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_causal_lm_whose_config_lost_its_architectures_is_refused_at_start_up(tmp_path):
+    path = _edit_config(save_reward_model(tmp_path / "lm", causal=True), architectures=None)
+    with pytest.raises(ConfigError) as err:
+        CustomTask(reward_model=str(path))
+    text = str(err.value)
+    assert text.startswith(f"task.reward_model={path}: its config.json names no architectures") and "\n" not in text
+    assert loaded_models() == {}
+
+
+def test_weights_without_a_trained_score_head_are_refused_naming_them(tmp_path, caplog):
+    from arlopti.tasks.reward_model import RewardModel
+
+    # a causal LM's weights under a config that claims a classifier: transformers would make the head up
+    path = _edit_config(save_reward_model(tmp_path / "lm", causal=True),
+                        architectures=["Qwen2ForSequenceClassification"])
+    model = RewardModel(str(path), device="cpu", dtype="float32")  # the config alone reads as a reward model
+    with pytest.raises(ConfigError) as err:
+        model.score([CHAT], ["Zoey."])
+    text = str(err.value)
+    assert text.startswith(f"task.reward_model={path}: its weights have no trained score head") and "\n" not in text
+    assert "score.weight" in text and loaded_models() == {}
+    task = CustomTask(reward_model=str(path))  # through the task: the run stops on it, naming the same
+    task.place("cpu", "32-true")
+    with caplog.at_level(logging.WARNING, logger="arlopti.tasks.custom"):
+        with pytest.raises(RewardFailureError, match=r"its weights have no trained score head: .*score\.weight"):
+            task.score(["a", "b"], [None] * 2, [{"prompt": CHAT}] * 2)
+
+
+def test_nothing_loads_with_remote_code_unless_the_setting_says_so(rm_path, monkeypatch):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from arlopti.tasks.reward_model import RewardModel
+
+    seen = []
+    for cls in (AutoConfig, AutoTokenizer, AutoModelForSequenceClassification):
+        def spy(*args, _real=cls.from_pretrained, _name=cls.__name__, **kwargs):
+            seen.append((_name, kwargs.get("trust_remote_code", "unset")))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(cls, "from_pretrained", spy)
+    RewardModel(str(rm_path), device="cpu").score([CHAT], ["Zoey."])
+    # explicit False everywhere: transformers' [y/N] prompt (15 s on a terminal) needs it unset
+    assert {name for name, _ in seen} == {"AutoConfig", "AutoTokenizer", "AutoModelForSequenceClassification"}
+    assert all(trust is False for _, trust in seen), seen
+    with pytest.raises(ConfigError, match=r"task.reward_model_trust_remote_code=1: expected true or false"):
+        RewardModel(str(rm_path), trust_remote_code=1)
+
+
+def test_a_folder_that_needs_its_own_code_is_refused_naming_the_setting(rm_path, tmp_path):
+    import shutil
+
+    path = tmp_path / "remote"
+    shutil.copytree(rm_path, path)
+    ran = tmp_path / "the_code_ran"
+    (path / "configuration_rm.py").write_text(f"open({str(ran)!r}, 'w').close()\n"
+                                              "from transformers import Qwen2Config\n\n"
+                                              "class RMConfig(Qwen2Config):\n    model_type = 'arlopti_remote_rm'\n")
+    _edit_config(path, model_type="arlopti_remote_rm", auto_map={"AutoConfig": "configuration_rm.RMConfig"})
+    with pytest.raises(ConfigError) as err:
+        CustomTask(reward_model=str(path))
+    text = str(err.value)
+    assert text.startswith(f"task.reward_model={path}: it needs its own code") and "\n" not in text
+    assert "task.reward_model_trust_remote_code=true" in text
+    assert not ran.exists()
+
+
+def save_gpt2_reward_model(folder: Path, positions: int = 32) -> Path:
+    """A tiny random GPT-2 reward model: a learned table of ``positions`` positions (a longer input indexes
+    past it)."""
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    from arlopti.models.loading import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer(vocab_size=300)
+    torch.manual_seed(5)
+    config = GPT2Config(vocab_size=len(tok), n_positions=positions, n_embd=32, n_layer=1, n_head=2, num_labels=1,
+                        pad_token_id=tok.pad_token_id, bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)
+    GPT2ForSequenceClassification(config).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def test_a_response_longer_than_the_models_positions_is_cut_with_one_warning(tmp_path, caplog):
+    from arlopti.tasks.reward_model import RewardModel
+
+    path = save_gpt2_reward_model(tmp_path / "gpt2")
+    long, short = "Zoey is a knight " * 20, "Zoey."
+    with caplog.at_level(logging.WARNING, logger="arlopti.tasks.reward_model"):
+        scores = RewardModel(str(path), device="cpu", dtype="float32").score(["Q: who? A:"] * 2, [long, short])
+    warnings = [r.getMessage() for r in caplog.records if r.name == "arlopti.tasks.reward_model"]
+    assert len(warnings) == 1 and "1 of 2 sequences are longer than its max_position_embeddings=32" in warnings[0]
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+    ids = tok("Q: who? A:" + long, add_special_tokens=False)["input_ids"]
+    assert len(ids) > 32
+    with torch.no_grad():
+        want = float(model(input_ids=torch.tensor([ids[:32]])).logits[0, 0])  # its first 32 tokens
+    assert scores[0] == pytest.approx(want, abs=1e-5) and scores[1] == pytest.approx(
+        direct_score(path, "Q: who? A:", short), abs=1e-5)

@@ -26,9 +26,19 @@ with the same kind of model. Here, for response ``i`` of prompt ``p_i``::
   uninterrupted one; its size is logged. It counts in the GPU memory plan (``benchmarks/memory_plan.py
   --reward-model``): resident on every rank, and its forward runs while vLLM still holds its memory.
 * start-up (:func:`check`, when the task is built): the config must read (a local folder offline; a hub name
-  needs the network or the hub cache), name a ``...ForSequenceClassification`` architecture and have
-  ``num_labels == 1``; anything else is a one-line :class:`~arlopti.config.ConfigError` naming
-  ``task.reward_model``.
+  needs the network or the hub cache), name its architectures, one of them a ``...ForSequenceClassification``,
+  and have ``num_labels == 1``; anything else is a one-line :class:`~arlopti.config.ConfigError` naming
+  ``task.reward_model``. A config without ``architectures`` is refused: a causal LM's folder that lost them
+  reads as a one-label classifier, and would be scored by a freshly initialised head.
+* trust: it is what it claims. At load (:func:`load`) transformers reports the weights it had to initialise
+  (``output_loading_info``); any missing or mismatched weight (the score head of a causal LM's folder) is a
+  one-line ConfigError naming the folder and the weights. No code of the folder or the hub runs and nothing
+  prompts: config, tokenizer and model load with ``trust_remote_code=False`` unless
+  ``task.reward_model_trust_remote_code`` is true (:data:`TRUST_KEY`), and a folder that needs its own code is
+  refused naming that key.
+* length (:func:`forward_scores`): a sequence longer than the model's ``max_position_embeddings`` is scored on
+  its first ``max_position_embeddings`` tokens (the end of the response unseen), with one warning per scored
+  batch naming the limit; never an ``IndexError`` of a position table.
 """
 
 from __future__ import annotations
@@ -43,6 +53,8 @@ from arlopti.config import ConfigError
 log = logging.getLogger(__name__)
 
 KEY = "task.reward_model"
+#: The setting that lets the reward model's folder (or hub repository) run its own code; false by default.
+TRUST_KEY = "task.reward_model_trust_remote_code"
 #: (name_or_path, device, dtype) -> (model, tokenizer): each reward model is loaded once per process
 _LOADED: dict[tuple[str, str, torch.dtype], tuple[Any, Any]] = {}
 
@@ -64,22 +76,40 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}"
 
 
-def check(name_or_path: str) -> Any:
+def _remote_code_refusal(name_or_path: str, err: BaseException, trust_remote_code: bool) -> ConfigError | None:
+    """The refusal of a folder that asks to run its own code (transformers' ValueError says so), or None."""
+    if trust_remote_code or "trust_remote_code" not in str(err):
+        return None
+    return ConfigError(f"{KEY}={name_or_path}: it needs its own code (auto_map in its config or tokenizer config), "
+                       f"which is not run: {TRUST_KEY}=false. Read that code, then set {TRUST_KEY}=true to run it, "
+                       "or give a reward model that transformers loads by itself")
+
+
+def check(name_or_path: str, trust_remote_code: bool = False) -> Any:
     """The reward model's config, read now (no weights); a one-line ConfigError naming ``task.reward_model``
-    when it does not read, is not a sequence-classification model, or gives other than one score."""
+    when it does not read, names no architecture or one that is not sequence classification, or gives other
+    than one score."""
     from transformers import AutoConfig
 
     if not isinstance(name_or_path, str) or not name_or_path.strip():
         raise ConfigError(f"{KEY}={name_or_path!r}: expected a folder or a hub name of a sequence-classification "
                           "reward model")
     try:
-        config = AutoConfig.from_pretrained(name_or_path)
+        config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001 - offline, missing folder, not a model: all one message
+        refusal = _remote_code_refusal(name_or_path, err, trust_remote_code)
+        if refusal is not None:
+            raise refusal from None
         raise ConfigError(f"{KEY}={name_or_path}: cannot read its config ({_first_line(err)}); give a folder holding "
                           "config.json, the weights and the tokenizer, or a hub name reachable (or cached) from "
                           "here") from None
     archs = list(getattr(config, "architectures", None) or [])
-    if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
+    if not archs:
+        raise ConfigError(f"{KEY}={name_or_path}: its config.json names no architectures, so nothing says the weights "
+                          "hold a trained score head (a causal LM's folder without them loads with a random one); "
+                          "give a reward model saved with its class, e.g. [\"...ForSequenceClassification\"] as TRL's "
+                          "RewardTrainer saves")
+    if not any(a.endswith("ForSequenceClassification") for a in archs):
         raise ConfigError(f"{KEY}={name_or_path}: a {archs[0]}, not a sequence-classification model (its score head "
                           "would be random); give a reward model (e.g. ...ForSequenceClassification with "
                           "num_labels=1, as TRL's RewardTrainer saves)")
@@ -102,18 +132,43 @@ def render(tokenizer, prompt: str | list[dict], completion: str) -> str:
     return "\n\n".join(m["content"] for m in messages)
 
 
-def load(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[Any, Any]:
-    """``(model, tokenizer)``, loaded at the first call for this (path, device, dtype) and kept for the process.
-    The tokenizer pads with the model's ``pad_token_id`` (set from the tokenizer's pad, else its eos, when the
-    config has none, as TRL does); the global RNG state is restored after loading."""
+def _load_weights(name_or_path: str, dtype: torch.dtype, trust_remote_code: bool) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` as transformers loads them, refused in one line when the folder needs its own
+    code (not trusted) or when transformers had to initialise any weight (the score head of a causal LM's
+    folder: it would score at random)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, trust_remote_code=trust_remote_code)
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            name_or_path, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True)
+    except ValueError as err:
+        refusal = _remote_code_refusal(name_or_path, err, trust_remote_code)
+        if refusal is not None:
+            raise refusal from None
+        raise
+    untrained = sorted(info.get("missing_keys") or []) + sorted(str(k[0] if isinstance(k, tuple) else k)
+                                                                for k in info.get("mismatched_keys") or [])
+    if untrained:
+        shown = ", ".join(untrained[:4]) + (f" and {len(untrained) - 4} more" if len(untrained) > 4 else "")
+        raise ConfigError(f"{KEY}={name_or_path}: its weights have no trained score head: transformers initialised "
+                          f"{shown} afresh (missing from the checkpoint or of another shape), so it would score at "
+                          "random; give a trained reward model's folder (e.g. what TRL's RewardTrainer saves), not "
+                          "a causal LM's")
+    return model, tokenizer
+
+
+def load(name_or_path: str, device: torch.device, dtype: torch.dtype,
+         trust_remote_code: bool = False) -> tuple[Any, Any]:
+    """``(model, tokenizer)``, loaded at the first call for this (path, device, dtype) and kept for the process
+    (refused by :func:`_load_weights` when it is not a trained reward model). The tokenizer pads with the
+    model's ``pad_token_id`` (set from the tokenizer's pad, else its eos, when the config has none, as TRL
+    does); the global RNG state is restored after loading."""
     key = (name_or_path, str(device), dtype)
     if key not in _LOADED:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         rng_devices = [device.index or 0] if device.type == "cuda" else []
         with torch.random.fork_rng(devices=rng_devices):
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            model = AutoModelForSequenceClassification.from_pretrained(name_or_path, dtype=dtype)
+            model, tokenizer = _load_weights(name_or_path, dtype, trust_remote_code)
         if tokenizer.pad_token_id is None:
             if tokenizer.eos_token_id is None:
                 raise ConfigError(f"{KEY}={name_or_path}: its tokenizer has neither a pad nor an eos token to pad "
@@ -130,11 +185,26 @@ def load(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[A
     return _LOADED[key]
 
 
-def forward_scores(model, tokenizer, texts: Sequence[str], batch_size: int) -> list[float]:
+def _truncated(ids: list[list[int]], model, name: str) -> list[list[int]]:
+    """``ids`` cut to the model's ``max_position_embeddings`` (its position table, or the length it was trained
+    for), with one warning naming the limit when any sequence was longer."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if not isinstance(limit, int) or limit < 1:
+        return ids
+    long = sum(len(x) > limit for x in ids)
+    if long:
+        log.warning("%s=%s: %d of %d sequences are longer than its max_position_embeddings=%d tokens (up to %d): "
+                    "each is scored on its first %d tokens, the rest of the response unseen", KEY, name, long,
+                    len(ids), limit, max(len(x) for x in ids), limit)
+    return [x[:limit] for x in ids]
+
+
+def forward_scores(model, tokenizer, texts: Sequence[str], batch_size: int, name: str = "?") -> list[float]:
     """``logits[:, 0]`` of ``model`` for each text, in batches of ``batch_size`` (sorted by length, right-padded
-    with ``model.config.pad_token_id``, no added special tokens), under ``torch.inference_mode``; float32
-    numbers in the order of ``texts``."""
-    ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    with ``model.config.pad_token_id``, no added special tokens, cut to the model's positions:
+    :func:`_truncated`), under ``torch.inference_mode``; float32 numbers in the order of ``texts``. ``name``
+    is the reward model's, for the warning."""
+    ids = _truncated(tokenizer(list(texts), add_special_tokens=False)["input_ids"], model, name)
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     device = next(model.parameters()).device
     pad = model.config.pad_token_id
@@ -170,13 +240,18 @@ def _device(value: str | None) -> torch.device | None:
 class RewardModel:
     """One ``task.reward_model``: checked at construction (:func:`check`), loaded at the first :meth:`score`
     (:func:`load`). ``device`` / ``dtype`` are ``task.reward_model_device`` / ``task.reward_model_dtype``
-    (null: where :meth:`place` says the run computes)."""
+    (null: where :meth:`place` says the run computes); ``trust_remote_code`` is
+    ``task.reward_model_trust_remote_code`` (false: no code of the folder or the hub runs)."""
 
     def __init__(self, name_or_path: str, device: str | None = None, dtype: str | None = None,
-                 batch_size: int = 16):
+                 batch_size: int = 16, trust_remote_code: bool = False):
         from arlopti.utils.dtypes import torch_dtype
 
-        self.config = check(name_or_path)
+        if not isinstance(trust_remote_code, bool):
+            raise ConfigError(f"{TRUST_KEY}={trust_remote_code!r}: expected true or false (false: no code of the "
+                              "reward model's folder or the hub runs)")
+        self.trust_remote_code = trust_remote_code
+        self.config = check(name_or_path, trust_remote_code)
         self.name_or_path = str(name_or_path)
         self.device = _device(device)
         try:
@@ -206,9 +281,9 @@ class RewardModel:
             raise ValueError(f"{KEY}: response {missing[0]} has no prompt (meta['prompt'] is "
                              f"{type(prompts[missing[0]]).__name__}); the reward model scores prompt + response, "
                              "and the rollout and validation pass each record's prompt in meta['prompt']")
-        model, tokenizer = load(self.name_or_path, *self.where())
+        model, tokenizer = load(self.name_or_path, *self.where(), trust_remote_code=self.trust_remote_code)
         texts = [render(tokenizer, p, c) for p, c in zip(prompts, completions)]
-        return forward_scores(model, tokenizer, texts, self.batch_size)
+        return forward_scores(model, tokenizer, texts, self.batch_size, self.name_or_path)
 
 
 def loaded_models() -> dict[tuple[str, str, torch.dtype], tuple[Any, Any]]:
