@@ -297,7 +297,7 @@ def test_a_resumed_asynchronous_server_run_is_told_why_it_is_not_bit_identical()
 @pytest.mark.parametrize("override,line", [
     ("rollout.dtype=fp8", "ConfigError: rollout.dtype='fp8': use 'float32', 'bfloat16' or 'float16', or null"),
     ("rollout.server.port=abc", "ConfigError: rollout.server.port=abc: expected an int"),
-    ("rollout.bogus=1", "ConfigError: Could not override 'rollout.bogus'."),
+    ("rollout.bogus=1", "ConfigError: rollout.bogus=1: no such key; `rollout` has: async, backend,"),  # issue 54
 ])
 def test_the_worker_command_reports_a_bad_setting_in_one_line_with_status_1(override, line, capsys, monkeypatch):
     """``python -m arlopti.rollout.serve`` with a bad setting: the trainer's one-line report, before any
