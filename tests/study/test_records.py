@@ -1,5 +1,5 @@
 """What the study records names no machine path (issue 51): its commands are written with paths relative to the
-checkout (``portable_command``), and nothing under docs/figures/study/ holds an absolute path."""
+checkout (``portable_command``), and nothing under docs/figures/ holds an absolute path."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def test_paths_inside_the_checkout_become_relative_and_others_a_placeholder(tmp_
     assert portable_path(str(root), root) == "."
 
 
-def test_no_file_under_docs_figures_study_names_a_machine_path():
-    found = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs" / "figures" / "study").rglob("*"))
+def test_no_file_under_docs_figures_names_a_machine_path():
+    found = [str(p.relative_to(REPO)) for p in sorted((REPO / "docs" / "figures").rglob("*"))
              if p.suffix in (".json", ".md", ".txt") and ABSOLUTE.search(p.read_text())]
     assert not found, f"machine paths in {found}"

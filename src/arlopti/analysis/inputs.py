@@ -87,7 +87,7 @@ def load_policy(model_name: str = "smollm2-135m-instruct", cold_start_steps: int
         return LoadedPolicy(policy, tok, info)
     cfg = cold_start_config(cold_start_steps, cold_start_overrides)
     folder = cold_start_cache_dir(model_name, cfg, dtype)
-    info.update(cold_start=asdict(cfg), cold_start_cache=str(folder))
+    info.update(cold_start=asdict(cfg), cold_start_cache=folder.name)  # by name: records name no machine path
     weights, meta = folder / "model.safetensors", folder / "cold_start.json"
     if weights.exists() and meta.exists():
         load_model(model, str(weights))

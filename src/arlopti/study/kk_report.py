@@ -124,14 +124,19 @@ def mechanism_markdown(mech: dict) -> str:
     return "\n".join(lines)
 
 
+def _count(k: int, noun: str) -> str:
+    return f"{k} {noun}" + ("" if k == 1 else "s")
+
+
 def counts_markdown(mech: dict) -> str:
     """The counts behind the top bucket's A > 0 "rose" fraction, batch by batch (the batch files' ``support``,
     ``pos_rose`` and ``vs_grpo``, :mod:`arlopti.analysis.direction_counts`), and the batches as the unit: in
     how many batches the method raised more of these tokens than GRPO, and in how many fewer."""
     sup = mech["support"]
-    n = ", ".join(f"{s['pos']['tokens'][TOP]} tokens, {s['pos']['responses'][TOP]} responses, "
-                  f"{s['pos']['groups'][TOP]} groups" for s in sup)
-    lines = [f"A > 0 tokens in {BUCKET_LABELS[-1]}, per batch: {n}.\n",
+    n = "; ".join(f"batch {i}: {_count(s['pos']['tokens'][TOP], 'token')}, "
+                  f"{_count(s['pos']['responses'][TOP], 'response')}, {_count(s['pos']['groups'][TOP], 'group')}"
+                  for i, s in enumerate(sup))
+    lines = [f"A > 0 tokens in {BUCKET_LABELS[-1]}: {n}.\n",
              f"| method | rose k / n, per batch | discordant tokens vs grpo: this only / grpo only, per batch | "
              f"responses more / fewer / as many rose as under grpo, per batch | batches more / fewer than grpo |",
              "|---|---|---|---|---|"]
