@@ -300,11 +300,21 @@ def test_weights_without_a_trained_score_head_are_refused_naming_them(tmp_path, 
     text = str(err.value)
     assert text.startswith(f"task.reward_model={path}: its weights have no trained score head") and "\n" not in text
     assert "score.weight" in text and loaded_models() == {}
-    task = CustomTask(reward_model=str(path))  # through the task: the run stops on it, naming the same
-    task.place("cpu", "32-true")
-    with caplog.at_level(logging.WARNING, logger="arlopti.tasks.custom"):
-        with pytest.raises(RewardFailureError, match=r"its weights have no trained score head: .*score\.weight"):
-            task.score(["a", "b"], [None] * 2, [{"prompt": CHAT}] * 2)
+    task = CustomTask(reward_model=str(path), max_error_frac=1.0)  # through the task: the run stops on it at once,
+    task.place("cpu", "32-true")                                     # even where the stop rule tolerates errors
+    with pytest.raises(ConfigError, match=r"its weights have no trained score head: .*score\.weight"):
+        task.score(["a", "b"], [None] * 2, [{"prompt": CHAT}] * 2)
+    assert task.stats["error"] == 0, "a setting's error, never counted as failed responses"
+
+
+def test_the_task_hands_the_trust_setting_to_the_reward_model(rm_path):
+    from arlopti.config.compose import compose
+
+    assert CustomTask(reward_model=str(rm_path)).functions[-1].model.trust_remote_code is False
+    trusted = CustomTask(reward_model=str(rm_path), reward_model_trust_remote_code=True)
+    assert trusted.functions[-1].model.trust_remote_code is True
+    cfg = compose(["task=custom", "task.reward_fn=x.py:f"])
+    assert cfg.task.reward_model_trust_remote_code is False
 
 
 def test_nothing_loads_with_remote_code_unless_the_setting_says_so(rm_path, monkeypatch):

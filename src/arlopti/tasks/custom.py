@@ -227,11 +227,13 @@ def _build_functions(specs: list[str], weights: list[float]) -> list[RewardFunct
     return functions
 
 
-def _model_entry(reward_model, device, dtype, batch_size, weight: float, taken: set[str]) -> RewardFunction:
+def _model_entry(reward_model, device, dtype, batch_size, weight: float, taken: set[str],
+                 trust_remote_code: bool = False) -> RewardFunction:
     """``task.reward_model`` as the reward list's last entry (checked now, loaded at its first batch)."""
     from arlopti.tasks.reward_model import RewardModel
 
-    model = RewardModel(str(reward_model), device=device, dtype=dtype, batch_size=batch_size)
+    model = RewardModel(str(reward_model), device=device, dtype=dtype, batch_size=batch_size,
+                        trust_remote_code=trust_remote_code)
     name = _component_name("reward_model", None, taken)
     return RewardFunction(name=name, spec=f"task.reward_model={reward_model}", weight=weight, key="reward_model",
                           model=model)
@@ -289,7 +291,8 @@ class CustomTask(Task):
                  max_tasks_per_worker: int = 1000, reward_fns: Sequence[str] | None = None,
                  reward_weights: Sequence[float] | None = None, max_error_frac: float | None = 0.5,
                  error_window: int = 5, reward_model: str | None = None, reward_model_device: str | None = None,
-                 reward_model_dtype: str | None = None, reward_model_batch_size: int = 16):
+                 reward_model_dtype: str | None = None, reward_model_batch_size: int = 16,
+                 reward_model_trust_remote_code: bool = False):
         specs = _spec_list(reward_fn, reward_fns, reward_model)
         weights = _weight_list(reward_weights, len(specs) + bool(reward_model))
         _check_options(batch, timeout_s, batch_budget_s, num_workers, max_error_frac, error_window)
@@ -297,7 +300,8 @@ class CustomTask(Task):
         if reward_model:
             taken = {f.name for f in self.functions}
             self.functions.append(_model_entry(reward_model, reward_model_device, reward_model_dtype,
-                                               reward_model_batch_size, weights[-1], taken))
+                                               reward_model_batch_size, weights[-1], taken,
+                                               reward_model_trust_remote_code))
         self.spec = self.functions[0].spec if len(self.functions) == 1 else ", ".join(f.spec for f in self.functions)
         self.reward_fn = str(reward_fn) if reward_fn else None
         self.batch = batch
@@ -456,6 +460,8 @@ class CustomTask(Task):
         try:
             values = function.model.score([m.get("prompt") for m in metas], list(responses))
             return values, [""] * n, "", []
+        except ConfigError:  # the model is not what it claims (no trained head, remote code): never scored
+            raise
         except Exception as err:  # noqa: BLE001 - out of memory, a missing prompt ...: counted, the stop rule
             return [None] * n, ["error"] * n, "".join(traceback.format_exception(err))[-4000:], []
 
