@@ -195,3 +195,25 @@ def test_the_hf_engine_autocasts_under_a_bf16_trainer_on_a_gpu_only():
         assert autocast_of("bf16-mixed", device) is None
     assert autocast_of("bf16-mixed", "cuda") == torch.bfloat16 == autocast_of("bf16-true", torch.device("cuda", 0))
     assert autocast_of("32-true", "cuda") is None
+
+
+class StopAtFitStart(L.Callback):
+    def on_fit_start(self, trainer, pl_module):
+        trainer.should_stop = True
+
+
+@pytest.mark.parametrize("spread", [True, False])
+def test_the_spread_is_switched_by_model_spread_master_weights(spread, tiny_tokenizer):
+    """fidelity=official (model.spread_master_weights=false) leaves the masters on the checkpoint's grid."""
+    cfg = RunConfig(model=ModelConfig(spread_master_weights=spread),
+                    sizes=SizesConfig(prompts_per_step=2, group_size=4, mini_batch_size=4, micro_batch_size=2))
+    module = GRPOModule(cfg, tokenizer=tiny_tokenizer, total_rollout_steps=1)
+    with torch.no_grad():
+        for p in module.policy.parameters():
+            p.copy_(p.to(torch.bfloat16))
+    before = {k: v.detach().clone() for k, v in module.policy.named_parameters()}
+    at_start = MastersAtFitStart()
+    dm = ToyDataModule(tokenizer=tiny_tokenizer, prompts_per_step=2, max_prompt_length=256)
+    toy_trainer(precision="bf16-mixed", callbacks=[at_start, StopAtFitStart()]).fit(module, datamodule=dm)
+    same = all(torch.equal(w, before[k]) for k, w in at_start.weights.items())
+    assert same is not spread

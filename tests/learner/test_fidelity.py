@@ -46,6 +46,7 @@ def test_official_group_sets_every_switch_and_improved_sets_none():
     assert (official.data.val_max_prompt_length, improved.data.get("val_max_prompt_length")) == (1024, None)
     assert official.tasks.kk.official_cut is True and improved.tasks.kk.official_cut is False
     assert official.tasks.math.grader == improved.tasks.math.grader == "official"
+    assert (run_o.model.spread_master_weights, run_i.model.spread_master_weights) == (False, True)
     # everything else is the experiment's
     assert run_o.algorithm.ar_alpha == run_i.algorithm.ar_alpha == 0.3
     assert run_o.algorithm.lopti.eta == run_i.algorithm.lopti.eta == 0.5

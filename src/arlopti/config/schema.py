@@ -405,6 +405,11 @@ class ModelConfig:
                                 choices={"fused": "chunked, never materialises [N, V] logits",
                                          "naive": "full fp32 logits"})
     gradient_checkpointing: bool = setting(False, "recompute activations in the backward (saves memory)")
+    spread_master_weights: bool = setting(
+        True, "under bf16/fp16-mixed precision, move each trainable fp32 weight matrix at fit start to a random "
+              "point of its rounding interval, so the forward's casts (unchanged at start) follow small updates in "
+              "expectation; false (official): the masters stay on a bf16 checkpoint's grid, where updates under "
+              "half a bf16 step leave the casts unchanged (issue 49, arlopti.utils.precision.spread_master_weights)")
     ref_dtype: str | None = setting(None, "dtype of the frozen reference model; null = model.dtype",
                                     choices=_DTYPES)
     tiny: TinyModelConfig = setting(help="the random test model (name_or_path=tiny only)", factory=TinyModelConfig)

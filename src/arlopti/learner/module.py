@@ -203,7 +203,7 @@ class GRPOModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         validate_once(self.cfg, world_size=self.world)  # skipped when already validated for this world size
         placement = trainer_placement(self.trainer) if stage == "fit" and self._trainer is not None else None
-        if placement is not None:  # bf16-mixed: the forward's casts must see small updates (issue 49)
+        if placement is not None and self.cfg.model.spread_master_weights:  # the casts see small updates (issue 49)
             spread_master_weights(self.policy, mixed_compute_dtype(placement[1]))
 
     def configure_model(self) -> None:
