@@ -199,6 +199,9 @@ def test_the_card_says_what_was_rewarded():
                                         "  - `rewards.py:brevity`, weight 0.1", "  - reward model `my-rm`, weight 0.5"]
     alone = reward_lines({"task": {"reward_model": "OpenAssistant/rm", "reward_fn": None}}, {})
     assert alone[1] == "  - reward model `OpenAssistant/rm`, weight 1.0"  # a hub name as it is, a folder by its name
+    several = reward_lines({"task": {"reward_model": ["/models/helpful-rm", "/models/safe-rm"],
+                                     "reward_weights": [1.0, 0.25]}}, {})
+    assert several[1:] == ["  - reward model `helpful-rm`, weight 1.0", "  - reward model `safe-rm`, weight 0.25"]
     math = reward_lines({"task": {"env": None}, "data": {}, "tasks": {"math": {"grader": "official"}}},
                         {"_target_": "arlopti.data.math.MathDataModule"})
     assert math == ["- task: `math`, its built-in reward (`tasks.math.grader` = official)"]

@@ -16,7 +16,7 @@ from arlopti.tasks.base import RewardResult
 def episode(trainable, turns, **meta):
     n = len(trainable)
     return Episode(list(range(10, 10 + n)), trainable, "x", "stop", logprobs=[-0.1 * m for m in trainable],
-                   meta={"turns": turns, "tool_calls": turns - 1, "tool_errors": 0, "tool_timeouts": 0,
+                   meta={"turns": turns, "tool_calls": 0, "env_steps": turns - 1, "tool_errors": 0, "tool_timeouts": 0,
                          "env_tokens": n - sum(trainable), "env_s": 0.5, **meta})
 
 
@@ -37,7 +37,8 @@ def test_segments_and_the_numbers_by_hand():
     m = MetricSet()
     add_turn_metrics(m, exp, old, adv, eta=0.5)
     v = m.as_dict()
-    assert v["turns/mean"] == 2.0 and v["turns/max"] == 3.0 and v["turns/tool_calls"] == 2.0
+    assert v["turns/mean"] == 2.0 and v["turns/max"] == 3.0 and v["turns/env_steps"] == 2.0
+    assert v["turns/tool_calls"] == 0.0  # a text environment's steps are no tool calls
     assert v["turns/env_token_frac"] == 3 / 22 and v["turns/retokenize_diff_frac"] == 0.5
     assert v["turns/retokenize_diff_tokens"] == 5
     assert v["turns/reward/3"] == 1.0 and v["turns/reward/1"] == 0.0 and v["timing/env_s"] == 1.0

@@ -65,7 +65,8 @@ def test_the_trained_ids_are_the_sampled_ids_and_the_encoded_replies(tiny_tokeni
                     want, mask, lps, ctx = want + reply, mask + [0] * len(reply), lps + [0.0] * len(reply), ctx + reply
             assert e.token_ids == want and e.trainable == mask and e.logprobs == lps
             assert e.text == "done" and e.finish_reason == "stop" and e.meta["turns"] == 3
-            assert e.meta["env_reward"] == 1.5 and e.meta["tool_calls"] == 3 and e.meta["env_tokens"] == mask.count(0)
+            assert e.meta["env_reward"] == 1.5 and e.meta["env_steps"] == 3 and e.meta["env_tokens"] == mask.count(0)
+            assert e.meta["tool_calls"] == 0  # a text environment's steps are no tool calls
             # one character per token never survives decode + encode: the drift a re-tokenizing loop would train on
             assert e.meta["retokenize_diff"] == 1
             assert "[[env]]" in e.meta["transcript"] and e.prompt_ids is None
@@ -241,7 +242,7 @@ def test_a_tool_that_raises_returns_too_much_or_hangs_gives_an_error_reply_and_i
     assert "error: the reply was too long (100000 characters; the limit is 64 tokens)" in text
     assert "error: the call did not return within 0.3 s" in text
     assert e.meta["turns"] == 4 and e.meta["tool_errors"] == 2 and e.meta["tool_timeouts"] == 1
-    assert e.finish_reason == "stop" and e.meta["tool_calls"] == 3  # after the hang the env is not called again
+    assert e.finish_reason == "stop" and e.meta["env_steps"] == 3  # after the hang the env is not called again
     r = loop.calls.recent[-1]
     assert (r.by_name["step"], r.failed_by_name["step"]) == (3, 3)  # each failed (the second: its reply was refused)
     assert (r.by_name["reset"], r.failed_by_name["reset"]) == (1, 0)

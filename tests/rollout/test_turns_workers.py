@@ -87,7 +87,7 @@ def test_an_environment_exiting_in_round_two_fails_its_episodes_and_the_error_ru
     assert all(e.meta["env_reward"] == 1.5 and e.meta["tool_errors"] == 0 for g in first for e in g)  # 3 steps
     second, _ = play(lenient, tok, [{"crash": True}, {}])  # round 2: prompt 0's steps call os._exit(3)
     for e in second[0]:  # its episodes failed with one line naming the class and the call; this process lives on
-        assert DIED in e.meta["transcript"] and e.meta["tool_errors"] == 1 and e.meta["tool_calls"] == 1
+        assert DIED in e.meta["transcript"] and e.meta["tool_errors"] == 1 and e.meta["env_steps"] == 1
         assert e.meta["turns"] == 2 and e.meta["env_reward"] == 0.0  # the error reply, then the final turn
     assert all(e.meta["tool_errors"] == 0 and e.meta["env_reward"] == 1.5 for e in second[1])
     r = lenient.calls.recent[-1]
@@ -127,7 +127,7 @@ def test_a_hung_step_costs_one_timeout_a_round_its_calls_running_at_once(tiny_to
     loop = loops(tok, Hanging, timeout=10.0, frac=1.0)
     groups, engine = play(loop, tok, [{"dir": str(tmp_path), "n": 4}] * 2)
     assert sorted(p.read_text() for p in tmp_path.glob("*.saw")) == ["4"] * 4
-    assert [(e.meta["tool_timeouts"], e.meta["tool_calls"], e.meta["turns"]) for g in groups for e in g] == [(1, 1, 2)] * 4
+    assert [(e.meta["tool_timeouts"], e.meta["env_steps"], e.meta["turns"]) for g in groups for e in g] == [(1, 1, 2)] * 4
     assert all("error: the call did not return within 10 s" in e.meta["transcript"] for g in groups for e in g)
     assert loop.calls.recent[-1].timeouts == 4 and loop.calls.runner.stats["timeouts"] == 4
     pids = [int(p.stem) for p in tmp_path.glob("*.started")]

@@ -124,7 +124,7 @@ def test_episodes_on_official_prompts_end_on_the_corrected_answer(tiny_tokenizer
     for row, group in zip(rows, groups):
         scores = task.score([e.text for e in group], [row["solution_text_format"]] * len(group), [{}] * len(group))
         for e, s in zip(group, scores):
-            assert e.meta["turns"] == 2 and e.meta["tool_calls"] == 2  # both turns were read by step
+            assert e.meta["turns"] == 2 and e.meta["env_steps"] == 2 and e.meta["tool_calls"] == 0  # read by step
             assert e.meta["turn_limit"] == int(s.reward != 3.0)  # a wrong final turn was due a reply
             env_part = e.meta["transcript"].split("[[env]]")[1].split("[[/env]]")[0]
             assert "Your answer does not fit these statements:" in env_part and env_part.endswith("<think>")

@@ -139,8 +139,8 @@ def test_text_episode_on_real_problems_is_graded_by_the_official_grader(tiny_tok
         for p, group in zip(problems, groups):
             assert INSTRUCTION in tok.decode(group[0].prompt_ids)
             for e in group:
-                # the answer turn is a step too (tool_calls counts steps); the output continues the same message
-                assert e.meta["turns"] == 2 and e.meta["tool_calls"] == 2 and e.meta["tool_errors"] == 0
+                # the answer turn is a step too (env_steps counts steps, tool_calls TRL tool calls only)
+                assert e.meta["turns"] == 2 and e.meta["env_steps"] == 2 and e.meta["tool_calls"] == 0 and e.meta["tool_errors"] == 0
                 env_text = e.meta["transcript"].split("[[env]]")[1].split("[[/env]]")[0]
                 assert env_text.startswith("\n") and env_text.endswith("```\n")  # continues the opened block
                 assert sum(e.trainable) < len(e.trainable)  # the output is environment text

@@ -109,7 +109,8 @@ def test_scores_equal_a_direct_forward_of_the_reward_model(rm_path):
     assert len(set(round(w, 4) for w in want)) == 5, f"the scores do not vary: {want}"
     assert [r.reward for r in out] == pytest.approx(want, abs=1e-5)
     assert [r.correct for r in out] == [w > 0 for w in want]  # alone: reward > task.correct_above
-    assert all(r.components == {"error": 0.0, "timeout": 0.0} for r in out)
+    assert all(set(r.components) == {"reward_model", "error", "timeout"} for r in out)
+    assert [r.components["reward_model"] for r in out] == pytest.approx(want, abs=1e-5)  # its own tag, alone too
     ((name, device, dtype),) = loaded_models()
     assert (name, device, dtype) == (str(rm_path), "cpu", torch.float32)
 
@@ -389,3 +390,34 @@ def test_a_response_longer_than_the_models_positions_is_cut_with_one_warning(tmp
         want = float(model(input_ids=torch.tensor([ids[:32]])).logits[0, 0])  # its first 32 tokens
     assert scores[0] == pytest.approx(want, abs=1e-5) and scores[1] == pytest.approx(
         direct_score(path, "Q: who? A:", short), abs=1e-5)
+
+
+def negated_head(src: Path, dst: Path) -> Path:
+    """A copy of the reward model at ``src`` whose score head is negated: every score flips its sign."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(dst / "model.safetensors")
+    weights["score.weight"] = -weights["score.weight"]
+    save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+def test_several_reward_models_are_weighted_like_functions_each_with_its_tag(rm_path, tmp_path):
+    other = negated_head(rm_path, tmp_path / "negated")
+    task = CustomTask(reward_model=[str(rm_path), str(other)], reward_weights=[0.5, 2.0])
+    task.place("cpu", "32-true")
+    out = task.score(RESPONSES[:3], [None] * 3, [{"prompt": CHAT}] * 3)
+    first = [direct_score(rm_path, CHAT, r) for r in RESPONSES[:3]]
+    second = [direct_score(other, CHAT, r) for r in RESPONSES[:3]]
+    assert second == pytest.approx([-s for s in first], abs=1e-5)
+    assert [r.components["reward_model"] for r in out] == pytest.approx(first, abs=1e-5)
+    assert [r.components["reward_model_2"] for r in out] == pytest.approx(second, abs=1e-5)
+    assert [r.reward for r in out] == pytest.approx([0.5 * a + 2.0 * b for a, b in zip(first, second)], abs=1e-5)
+    assert len(loaded_models()) == 2
+    with pytest.raises(ConfigError, match=r"expected 2 finite number\(s\).*one per task.reward_model entry"):
+        CustomTask(reward_model=[str(rm_path), str(other)], reward_weights=[1.0])
+    with pytest.raises(ConfigError, match=r"^task.reward_model=\[3\]: expected a reward model's folder"):
+        CustomTask(reward_model=[3])

@@ -346,8 +346,8 @@ def reward_lines(config: dict | None, data: dict) -> list[str]:
         return ["Not recorded: the run's `.hydra/config.yaml` is not beside the checkpoint."]
     task = config.get("task") or {}
     entries = [str(f) for f in (task.get("reward_fns") or ([task["reward_fn"]] if task.get("reward_fn") else []))]
-    if task.get("reward_model"):
-        entries.append(f"reward model `{_plain(str(task['reward_model']))}`")
+    models = task.get("reward_model") or []
+    entries += [f"reward model `{_plain(str(m))}`" for m in ([models] if isinstance(models, str) else models)]
     lines = []
     if entries:
         weights = list(task.get("reward_weights") or [])

@@ -176,8 +176,8 @@ def check_reward_entries(task) -> None:
         models = [str(e) for e in entries if isinstance(e, str) and looks_like_a_model(e)]
         if models:
             raise ConfigError(f"task.{key}: {models[0]} is a model, not a function (module:fn or file.py:fn); a learned "
-                              f"reward model goes in task.reward_model={models[0]}, its weight the last of "
-                              "task.reward_weights (docs/custom_task.md)")
+                              f"reward model goes in task.reward_model={models[0]} (several: task.reward_model=[a,b]), "
+                              "their weights the last of task.reward_weights (docs/custom_task.md)")
 
 
 __all__ = ["OUTPUT_ALIAS", "OUTPUT_KEY", "check_command_line", "check_composes", "command_line_overrides",

@@ -41,7 +41,7 @@ HEAD_TOKENS = 8
 #: The mismatch statistics reported per segment (``mismatch/<name>`` of the mismatch metrics).
 MISMATCH_NAMES = ("abs_diff_mean", "k3_kl", "ratio_outside_frac")
 #: Per-episode counts (``Episode.meta``) reported as ``turns/<name>`` sums.
-EPISODE_COUNTS = ("tool_calls", "tool_errors", "tool_timeouts", "retokenize_diff_tokens")
+EPISODE_COUNTS = ("tool_calls", "env_steps", "tool_errors", "tool_timeouts", "retokenize_diff_tokens")
 #: Per-episode flags reported as ``turns/<name>_frac`` (the share of the episodes).
 EPISODE_FLAGS = ("episode_limit", "turn_limit", "retokenize_diff")
 

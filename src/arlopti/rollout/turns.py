@@ -38,8 +38,8 @@ One round (:meth:`TurnLoop.run`), for a step's prompts and ``G`` episodes each:
 
 The episode (:class:`~arlopti.rollout.episode.Episode`): ``token_ids`` = turn 0 ⊕ reply 1 ⊕ turn 1 ⊕ ...,
 ``trainable`` 1 on sampled ids, ``text`` = the final model turn (what the task scores), ``prompt_ids``
-when the environment re-rendered the prompt, and in ``meta``: ``turns``, ``tool_calls`` (steps of a
-text environment count as calls), ``tool_errors``, ``tool_timeouts``, ``env_tokens``, ``env_reward``
+when the environment re-rendered the prompt, and in ``meta``: ``turns``, ``tool_calls`` (TRL's tool calls),
+``env_steps`` (the text contract's steps), ``tool_errors``, ``tool_timeouts`` (failed calls of either kind), ``env_tokens``, ``env_reward``
 (the sum of the steps' rewards, or TRL's ``get_reward()``, all the round's in one batch), ``episode_limit`` (1: rolled back at the
 episode limit), ``turn_limit`` (1: a reply was due after the last allowed turn), ``retokenize_diff``
 (1: the conversation re-rendered by the chat template and encoded differs from the prompt and the
@@ -140,6 +140,7 @@ class _Running:
     turns: int = 0
     finish: str = ""
     calls: int = 0
+    steps: int = 0
     errors: int = 0
     timeouts: int = 0
     reward: float = 0.0
@@ -375,9 +376,11 @@ class TurnLoop:
         e.conversation.add_reply(messages, prefix)
 
     @staticmethod
-    def _tally(e: _Running, r: CallResult) -> None:
-        """One of ``e``'s tool calls (a step or a tool), its failure one of its tool errors or timeouts."""
-        e.calls += 1
+    def _tally(e: _Running, r: CallResult, step: bool = False) -> None:
+        """One of ``e``'s environment calls, a text step (``step``) or a tool call; its failure one of its
+        errors or timeouts. A step is no tool call: an environment without tools shows none."""
+        e.steps += int(step)
+        e.calls += int(not step)
         e.errors += int(r.error is not None)
         e.timeouts += int(r.timeout)
 
@@ -387,7 +390,7 @@ class TurnLoop:
 
     def _step_reply(self, e: _Running, r: CallResult) -> list[dict] | None:
         """The text contract's step: the reply as a user message, or None when the episode ends."""
-        self._tally(e, r)
+        self._tally(e, r, step=True)
         if not r.ok:
             return [{"role": "user", "content": self._failure(e, r)}]
         reply, done, reward = self._step_value(r.value)
@@ -469,7 +472,8 @@ class TurnLoop:
             e.reward += value
 
     def _episode(self, e: _Running, prompt_ids: list[int], original: list[int], version) -> Episode:
-        meta = {"turns": e.turns, "tool_calls": e.calls, "tool_errors": e.errors, "tool_timeouts": e.timeouts,
+        meta = {"turns": e.turns, "tool_calls": e.calls, "env_steps": e.steps, "tool_errors": e.errors,
+                "tool_timeouts": e.timeouts,
                 "env_tokens": len(e.trainable) - sum(e.trainable), "env_reward": e.reward,
                 "episode_limit": int(e.episode_limit), "turn_limit": int(e.turn_limit),
                 "env_s": e.seconds, "transcript": self._transcript(e)}

@@ -37,7 +37,8 @@ in-process with the same accounting).
 A learned reward model (``task.reward_model=<folder or hub name>``, :mod:`arlopti.tasks.reward_model`) is
 one more entry of that list, the last one, scored in the trainer's process on the trainer's device (or
 ``task.reward_model_device``) from each response's prompt (``meta["prompt"]``) and text; its weight is the
-last of ``task.reward_weights`` and its component ``reward_model``. Without ``task.reward_fn`` /
+last of ``task.reward_weights`` and its component ``reward_model`` (a list of models: one entry each, the
+last weights, ``reward_model``, ``reward_model_2``, ...). Without ``task.reward_fn`` /
 ``task.reward_fns`` it is the reward. A forward that raises fails the batch's responses (counted, the stop
 rule below), a non-finite score the response.
 
@@ -165,6 +166,18 @@ class RewardFunction:
     model: Any = None
 
 
+def _model_list(reward_model) -> list[str]:
+    """``task.reward_model``: none, one folder or hub name, or a list of them (several weighted models)."""
+    if reward_model is None or reward_model == "":
+        return []
+    if isinstance(reward_model, str):
+        return [reward_model]
+    if isinstance(reward_model, SequenceABC) and reward_model and all(isinstance(m, str) and m for m in reward_model):
+        return list(reward_model)
+    raise ConfigError(f"task.reward_model={reward_model!r}: expected a reward model's folder or hub name, or a list "
+                      "of them, e.g. task.reward_model=[/models/helpful-rm,/models/safe-rm]")
+
+
 def _spec_list(reward_fn, reward_fns, reward_model=None) -> list[str]:
     if reward_fn and reward_fns:
         raise ConfigError(f"task.reward_fn={reward_fn} and task.reward_fns={list(reward_fns)}: give one of them "
@@ -190,7 +203,7 @@ def _weight_list(reward_weights, n: int) -> list[float]:
     if len(weights) != n or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
                                     and math.isfinite(w) for w in weights):
         raise ConfigError(f"task.reward_weights={weights}: expected {n} finite number(s), one per reward function "
-                          "(and the last for task.reward_model when it is set)")
+                          "(then one per task.reward_model entry, last)")
     return [float(w) for w in weights]
 
 
@@ -227,16 +240,19 @@ def _build_functions(specs: list[str], weights: list[float]) -> list[RewardFunct
     return functions
 
 
-def _model_entry(reward_model, device, dtype, batch_size, weight: float, taken: set[str],
-                 trust_remote_code: bool = False) -> RewardFunction:
-    """``task.reward_model`` as the reward list's last entry (checked now, loaded at its first batch)."""
+def _model_entries(models: list[str], weights: list[float], taken: set[str], **options) -> list[RewardFunction]:
+    """``task.reward_model``'s entries, after the functions in the reward list, in order (checked now, each
+    loaded at its first batch): named ``reward_model``, ``reward_model_2``, ... (their ``reward/<name>`` tags)."""
     from arlopti.tasks.reward_model import RewardModel
 
-    model = RewardModel(str(reward_model), device=device, dtype=dtype, batch_size=batch_size,
-                        trust_remote_code=trust_remote_code)
-    name = _component_name("reward_model", None, taken)
-    return RewardFunction(name=name, spec=f"task.reward_model={reward_model}", weight=weight, key="reward_model",
-                          model=model)
+    entries = []
+    for j, (path, weight) in enumerate(zip(models, weights)):
+        key = "reward_model" if len(models) == 1 else f"reward_model.{j}"
+        spec = f"task.reward_model={path}" if len(models) == 1 else f"task.reward_model[{j}]={path}"
+        model = RewardModel(str(path), **options)
+        entries.append(RewardFunction(name=_component_name("reward_model", None, taken), spec=spec, weight=weight,
+                                      key=key, model=model))
+    return entries
 
 
 def _trl_arguments(responses, ground_truths, metas) -> tuple:
@@ -293,15 +309,15 @@ class CustomTask(Task):
                  error_window: int = 5, reward_model: str | None = None, reward_model_device: str | None = None,
                  reward_model_dtype: str | None = None, reward_model_batch_size: int = 16,
                  reward_model_trust_remote_code: bool = False):
-        specs = _spec_list(reward_fn, reward_fns, reward_model)
-        weights = _weight_list(reward_weights, len(specs) + bool(reward_model))
+        models = _model_list(reward_model)
+        specs = _spec_list(reward_fn, reward_fns, models)
+        weights = _weight_list(reward_weights, len(specs) + len(models))
         _check_options(batch, timeout_s, batch_budget_s, num_workers, max_error_frac, error_window)
         self.functions = _build_functions(specs, weights[:len(specs)])
-        if reward_model:
-            taken = {f.name for f in self.functions}
-            self.functions.append(_model_entry(reward_model, reward_model_device, reward_model_dtype,
-                                               reward_model_batch_size, weights[-1], taken,
-                                               reward_model_trust_remote_code))
+        self.functions += _model_entries(models, weights[len(specs):], {f.name for f in self.functions},
+                                         device=reward_model_device, dtype=reward_model_dtype,
+                                         batch_size=reward_model_batch_size,
+                                         trust_remote_code=reward_model_trust_remote_code)
         self.spec = self.functions[0].spec if len(self.functions) == 1 else ", ".join(f.spec for f in self.functions)
         self.reward_fn = str(reward_fn) if reward_fn else None
         self.batch = batch
@@ -492,9 +508,10 @@ class CustomTask(Task):
         return out
 
     def _combine(self, per_function, n: int) -> list[RewardResult]:
-        """Single function: its reward and components; several: the weighted sum, each function's
-        reward as the component ``<name>`` and its other keys as ``<name>.<key>``. Always
-        ``error`` / ``timeout``: 1 when a function raised / timed out on the response."""
+        """Single function: its reward and components; several: the weighted sum and each function's
+        other keys as ``<name>.<key>``. Always each function's own reward as the component ``<name>`` (its
+        ``reward/<name>`` tag, alone too, unless a key of its own has that name) and ``error`` / ``timeout``:
+        1 when a function raised / timed out on the response."""
         single = len(per_function) == 1
         keys = [sorted({k for r in results if r is not None for k in r.components})
                 for _, results, *_ in per_function]
@@ -505,9 +522,8 @@ class CustomTask(Task):
                 r = results[i]
                 total += f.weight * (r.reward if r is not None else 0.0)
                 prefix = "" if single else f"{f.name}."
-                if not single:
-                    comps[f.name] = r.reward if r is not None else 0.0
                 comps.update({prefix + k: (r.components.get(k, 0.0) if r is not None else 0.0) for k in fkeys})
+                comps.setdefault(f.name, r.reward if r is not None else 0.0)
                 if r is not None and (explicit[i] or single):
                     corrects.append(r.correct)
             failures = [pf[3][i] for pf in per_function]
