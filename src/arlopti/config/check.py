@@ -307,22 +307,29 @@ def _schema_prefixes(cls: type) -> tuple[set[str], set[str]]:
     return groups, free
 
 
-def check_known_keys(overrides: Sequence[str], cls: type = RunConfig) -> None:
-    """Refuse a ``key=value`` override under one of the schema's groups (``algorithm.*``, ``optim.*``,
-    ...) that names no field: one line with the closest field (:func:`unknown_key_message`), before
-    Hydra composes. Added keys (``+key``), deletions and keys outside the schema's groups pass (the
-    command line checks those against the composed config, :mod:`arlopti.entry.cli`)."""
+def _parsed(overrides: Sequence[str]):
+    """``(line, Hydra's parsed override)`` of each override line; a line Hydra cannot parse is passed over
+    (Hydra names its syntax error itself)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    groups, free = _schema_prefixes(cls)
-    known = [key for key, _, _ in field_types(cls)]
-    leaves = [key for key in known if key not in groups]
     parser = OverridesParser.create()
     for line in overrides:
         try:
             (override,) = parser.parse_overrides([line])
         except Exception:  # noqa: BLE001 - a syntax error: Hydra names it itself
             continue
+        yield line, override
+
+
+def check_known_keys(overrides: Sequence[str], cls: type = RunConfig) -> None:
+    """Refuse a ``key=value`` override under one of the schema's groups (``algorithm.*``, ``optim.*``,
+    ...) that names no field: one line with the closest field (:func:`unknown_key_message`), before
+    Hydra composes. Added keys (``+key``), deletions and keys outside the schema's groups pass (the
+    command line checks those against the composed config, :mod:`arlopti.entry.cli`)."""
+    groups, free = _schema_prefixes(cls)
+    known = [key for key, _, _ in field_types(cls)]
+    leaves = [key for key in known if key not in groups]
+    for line, override in _parsed(overrides):
         key = override.key_or_group
         if override.is_delete() or override.is_add() or override.is_force_add() or override.package is not None:
             continue
@@ -343,17 +350,11 @@ def check_overrides(overrides: Sequence[str], cls: type = RunConfig) -> None:
     pass, as do overrides Hydra's parser cannot read (Hydra reports those itself). In a
     ``--multirun`` choice sweep (``key=a,b``) every choice is checked. First, a key under one of these
     groups that names no field is refused with the closest one (:func:`check_known_keys`)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ChoiceSweep
 
     check_known_keys(overrides, cls)
     fields_by_key = {key: (f, hint) for key, f, hint in field_types(cls)}
-    parser = OverridesParser.create()
-    for line in overrides:
-        try:
-            (override,) = parser.parse_overrides([line])
-        except Exception:  # noqa: BLE001 - a syntax error: Hydra names it itself
-            continue
+    for line, override in _parsed(overrides):
         if override.is_delete() or override.package is not None:
             continue
         entry = fields_by_key.get(override.key_or_group)
