@@ -28,6 +28,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+#: The one key that says where runs go (configs/paths/default.yaml): ``<it>/<task_name>/<run_name>/<time>/``.
+OUTPUT_KEY = "paths.log_dir"
+#: TRL's name for it (``GRPOConfig.output_dir``), read as :data:`OUTPUT_KEY` on the command line.
+OUTPUT_ALIAS = "output_dir"
+
 #: Files or folders that mark a project's root (lightning-hydra-template's ``.project-root``, a git checkout).
 ROOT_MARKERS = (".project-root", ".git")
 

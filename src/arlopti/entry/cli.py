@@ -14,10 +14,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-#: The one key that says where runs go (configs/paths/default.yaml): ``<it>/<task_name>/<run_name>/<time>/``.
-OUTPUT_KEY = "paths.log_dir"
-#: TRL's name for it (``GRPOConfig.output_dir``), read as :data:`OUTPUT_KEY` on the command line.
-OUTPUT_ALIAS = "output_dir"
+from arlopti.config.run_dir import OUTPUT_ALIAS, OUTPUT_KEY
+
 _ALIAS_FLAG = re.compile(r"^--output[_-]dir(?:=(.*))?$")
 _ALIAS_OVERRIDE = re.compile(rf"^\+{{0,2}}{OUTPUT_ALIAS}=(.*)$")
 

@@ -76,7 +76,7 @@ def _groups_block(config_name: str) -> list[str]:
 
 def script_help(config_name: str = "train.yaml") -> str:
     """The ``--help`` page of ``train.py`` (``arlopti train``) or ``eval.py`` (``arlopti eval``)."""
-    from arlopti.entry.cli import OUTPUT_ALIAS, OUTPUT_KEY
+    from arlopti.config.run_dir import OUTPUT_ALIAS, OUTPUT_KEY
 
     sub, what, examples = PAGES[config_name]
     lines = [f"usage: arlopti {sub} [GROUP=OPTION ...] [KEY=VALUE ...] [-m/--multirun]", "", f"{what}.", "",
