@@ -35,9 +35,11 @@ def write_orz(tmp_path: Path) -> Path:
 def needs_shared(name: str) -> list[str]:
     """Skip what cannot run without ../shared; K&K experiments fall back to generated puzzles
     (the same experiment, algorithm and sizes; only the data differ)."""
+    if name.startswith("kk_feedback") and not (FIXTURES / "kk").exists():  # reads the official prompt files
+        pytest.skip(f"{name} reads the official K&K prompts in {FIXTURES / 'kk'}, which are absent")
     if name.startswith("kk_") and name != "kk_lopti_demo" and not (FIXTURES / "kk").exists():
         return ["data=kk_generated"]
-    if name.startswith("dsr_") and not (FIXTURES / "math").exists():
+    if name.startswith(("dsr_", "math_tool")) and not (FIXTURES / "math").exists():
         pytest.skip(f"{name} trains on DSR-Uniform in {FIXTURES / 'math'}, which is absent")
     if name.startswith("orz_") and not (FIXTURES / "math").exists():
         pytest.skip(f"{name} validates on the math benchmarks in {FIXTURES / 'math'}, which are absent")
