@@ -22,6 +22,8 @@ import time
 import traceback
 from typing import Any, Callable, Sequence
 
+from arlopti.tasks.outcome import TaskOutcome
+
 CALLABLE_PREFIX = "callable:"
 _REGISTRY: dict[str, Callable] = {}
 
@@ -111,8 +113,6 @@ class InProcessRunner:
         return None if thread.is_alive() else box
 
     def run(self, calls: Sequence[tuple[str, tuple]], timeout_s: float, budget_s: float | None = None) -> list:
-        from arlopti.tasks.math.pool import TaskOutcome
-
         end = time.monotonic() + budget_s if budget_s is not None else float("inf")
         outcomes = []
         for name, args in calls:

@@ -36,9 +36,10 @@ from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from arlopti.tasks.env.calls import plain_loads
+from arlopti.tasks.outcome import TaskOutcome
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +53,6 @@ _MAX_BOOT_FAILURES = 3
 
 class WorkerLoadError(RuntimeError):
     """A worker could not load a user function (the message is the worker's: spec and cause)."""
-
-
-@dataclass
-class TaskOutcome:
-    """What became of one task: ``status`` is ``"ok"``, ``"timeout"`` (``error="budget"`` when
-    :meth:`WorkerPool.run`'s ``budget_s`` cut it off, not its own timeout) or ``"error"``."""
-
-    status: str
-    value: Any = None
-    error: str = ""
 
 
 @dataclass
