@@ -35,12 +35,13 @@ def test_compare_methods_writes_png_and_json_with_every_method(tmp_path):
 @pytest.mark.parametrize("method", ["clip_cov", "top_entropy", "tr_grpo", "reverse", "archer", "kl_cov"])
 def test_first_step_gradient_equals_grpo_objective_with_the_method(method):
     """At θ the analysis's spec (GRPO with A' = c·A) gives grpo_objective-with-the-method's gradient."""
-    from arlopti.algorithms import grpo_objective
+    from arlopti.algorithms import LossScale, grpo_objective
     from arlopti.analysis.__main__ import build_parser
     from arlopti.analysis.commands import load_inputs
     from arlopti.analysis.compare_methods import method_plan, sampled_entropy
     from arlopti.analysis.updates import LossSpec, loss_gradients, trainable
     from arlopti.config import AlgorithmConfig, TokenMethodConfig
+    from arlopti.plugins.shaping import Forward, shaping_for
 
     args = build_parser().parse_args(["compare-methods", *TINY])
     loaded, batch, old = load_inputs(args)
@@ -54,8 +55,10 @@ def test_first_step_gradient_equals_grpo_objective_with_the_method(method):
     ids, attn = batch.input_ids[:, :batch.prompt_len + r], batch.attention_mask[:, :batch.prompt_len + r]
     logp, e = policy(ids, attn, batch.prompt_len, batch.temperature, with_entropy=True)
     algo = AlgorithmConfig(kl_coef=0.0, entropy_coef=0.0, token_method=tcfg)
-    loss, _ = grpo_objective(logp, old[:, :r], batch.advantages[:, :r], mask[:, :r], mask[:, :r], algo,
-                             entropy=e.detach(), scale=float(mask.sum()))
+    o, adv, m = old[:, :r], batch.advantages[:, :r], mask[:, :r]
+    shaping = shaping_for(algo, logp, o, adv, m, m, Forward(e.detach()))
+    loss, _ = grpo_objective(logp, o, adv, m, m, algo, entropy=e.detach(), scale=LossScale(float(mask.sum())),
+                             shaping=shaping)
     direct = torch.autograd.grad(loss, trainable(policy), allow_unused=True)
     for a, b in zip(spec, direct):
         assert torch.allclose(a, torch.zeros_like(a) if b is None else b.float(), atol=1e-6)

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index, update_direction_counts, update_direction_fractions
+from arlopti.plugins.buckets import BUCKET_NAMES, bucket_index, update_direction_counts, update_direction_fractions
 from arlopti.analysis.direction_counts import discordant, moved_counts, right_way, support
 
 LOW, TOP = BUCKET_NAMES[0], BUCKET_NAMES[-1]

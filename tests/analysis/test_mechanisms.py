@@ -14,8 +14,9 @@ import math
 import pytest
 import torch
 
-from arlopti.algorithms import LossConfig, advantage_reweight, ar_weights, grpo_objective, lopti_masks, phase_plan
-from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index
+from arlopti.algorithms import advantage_reweight, ar_weights, grpo_objective, lopti_masks, phase_plan
+from arlopti.config import AlgorithmConfig
+from arlopti.plugins.buckets import BUCKET_NAMES, bucket_index
 from arlopti.analysis.grad_norms import per_token_grad_norms, summarise_per_token
 from arlopti.learner.policy import position_ids_from_mask
 
@@ -150,7 +151,7 @@ def _first_rows_logits(smol, n: int = 4):
 def test_ar_scales_each_tokens_logit_gradient_by_its_weight(smol):
     sub, z, targets, mask, o = _first_rows_logits(smol)
     adv = sub.advantages
-    cfg = LossConfig(kl_coef=0.0)
+    cfg = AlgorithmConfig(kl_coef=0.0)
     grads = {}
     for name, a in (("grpo", adv), ("ar", advantage_reweight(adv, o, 0.3))):
         loss, _ = grpo_objective(_logp(z, targets), o, a, mask, mask, cfg)
@@ -166,7 +167,7 @@ def test_lopti_phase_one_gives_high_tokens_zero_gradient(smol):
     assert low.any() and high.any()
     logp = _logp(z, targets)
     ref = logp.detach() + 0.3  # a reference that differs, so the (masked) KL term has a gradient too
-    loss, _ = grpo_objective(logp, o, sub.advantages, mask, low, LossConfig(kl_coef=0.1), ref_log_probs=ref)
+    loss, _ = grpo_objective(logp, o, sub.advantages, mask, low, AlgorithmConfig(kl_coef=0.1), ref_log_probs=ref)
     g, = torch.autograd.grad(loss, z)
     per_token = g.abs().sum(-1)
     assert float(per_token[high].max()) == 0.0

@@ -75,7 +75,7 @@ def cmd_grad_norms(args, inputs=None, bank=None) -> dict:
 
 
 def cmd_token_distribution(args, inputs=None) -> dict:
-    from arlopti.algorithms.buckets import token_distribution
+    from arlopti.plugins.buckets import token_distribution
     from arlopti.analysis.plotting import plot_token_distribution, save_result
 
     loaded, batch, old = inputs or load_inputs(args)

@@ -11,7 +11,7 @@ each method:
   step would equal the method's. How they are found depends on the method's kind:
 
   - a token method whose shaping is a weight or a mask: c_t is
-    :func:`arlopti.algorithms.token_methods.effective_weight` of its shaping computed on the whole
+    :func:`arlopti.plugins.token_methods.effective_weight` of its shaping computed on the whole
     batch (one "micro-batch"; entropy from the same forward): ``adv_weight · keep``. This is exact
     for the first step: at ratio 1 the gradient of :func:`~arlopti.algorithms.grpo_objective` with
     the method equals the plain GRPO gradient with A' (a per-token clip bound is inactive at ratio 1,
@@ -34,7 +34,7 @@ each method:
   token in both (:func:`base_phases`). Where A is 0, c is reported as 1;
 * ``effective_weight``: the mean c_t per bucket of p_old (the multiplier relative to GRPO; Lopti 1);
 * ``mass_share``: the gradient-mass share per bucket, Σ|A'_t|·(1 − p_t) over the bucket divided by
-  the total (:func:`arlopti.algorithms.buckets.grad_mass_shares`; Lopti: both phases' tokens);
+  the total (:func:`arlopti.plugins.buckets.grad_mass_shares`; Lopti: both phases' tokens);
 * ``bucket_grad_norm``: ‖g_b‖, the global norm of that loss's gradient restricted to bucket b's
   tokens (below; the official ``mask_prob_intervalK`` norm of the method's own loss);
 * ``norm_share``: the share of the first step's gradient g contributed by each bucket,
@@ -50,7 +50,7 @@ each method:
   responses and groups they come from. The tokens of one batch share one update and are not
   independent: the responses, the groups and the batches are the units.
 
-Every method runs under the analysis's token-mean over all tokens (``LossConfig``'s settings
+Every method runs under the analysis's token-mean over all tokens (``AlgorithmConfig``'s settings
 elsewhere), whatever aggregation its experiment sets. Buckets are by p_old; the update-direction sign is
 that of the GRPO advantage. Clip-Cov and KL-Cov use ``cov_ratio`` (``--cov-ratio``, default 0.02:
 verl's 2e-4 would select one token of a ~10³-token batch and show nothing); Lp-Reg's lowest-p share is
@@ -63,22 +63,24 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from arlopti.algorithms import ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LossConfig, advantage_reweight, grpo_objective
-from arlopti.algorithms import lopti_masks, outcome_token_rewards
+from arlopti.algorithms import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, LossScale, advantage_reweight, grpo_objective,
+                                lopti_masks, outcome_token_rewards)
 from arlopti.algorithms.advantages import OldPolicyStats
-from arlopti.algorithms.token_methods import effective_weight, make_context, token_shaping
-from arlopti.algorithms.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_index, bucket_means, grad_mass_shares,
-                                      per_bucket_dict, update_direction_counts, update_direction_fractions)
+from arlopti.plugins.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_index, bucket_means, grad_mass_shares,
+                                     per_bucket_dict, update_direction_counts, update_direction_fractions)
+from arlopti.plugins.shaping import Forward, shaping_for
+from arlopti.plugins.token_methods import effective_weight, make_context, token_shaping
 from arlopti.analysis.direction_counts import discordant, moved_counts, right_way, support
 from arlopti.analysis.prob_shift import delta_p_stats
-from arlopti.analysis.updates import (LossSpec, WeightSnapshot, add_gradients, apply_gradient, loss_gradients,
-                                      make_optimizer, micro_batches, sampled_log_probs, trainable)
-from arlopti.config import TokenMethodConfig
+from arlopti.analysis.updates import (LossSpec, WeightSnapshot, accumulate_gradients, add_gradients, apply_gradient,
+                                      loss_gradients, make_optimizer, sampled_log_probs)
+from arlopti.config import AlgorithmConfig, TokenMethodConfig
 from arlopti.config.registries import TOKEN_METHODS
 from arlopti.ops.tile_stats import StatsRequest, TokenStats
 
@@ -96,7 +98,7 @@ _MODEL_LOSSES = ("simko",)
 
 def registered_methods() -> tuple[str, ...]:
     """The base methods, then every registered token method, policy loss and estimator but the defaults."""
-    import arlopti.algorithms  # noqa: F401  (fills the registries)
+    import arlopti.plugins  # noqa: F401  (fills the registries: the core and every option)
 
     names = list(BASE_METHODS)
     for kind, reg in (("token_method", TOKEN_METHODS), ("policy_loss", POLICY_LOSSES),
@@ -129,18 +131,18 @@ def base_phases(name: str, valid: Tensor, low: Tensor, high: Tensor) -> list[Ten
     return [valid, valid] if name in STEP_MATCHED else [valid]
 
 
-def method_config(name: str, token_cfg: TokenMethodConfig) -> LossConfig:
-    """The analysis's :class:`~arlopti.algorithms.LossConfig` of one method (no KL, no entropy bonus)."""
+def method_config(name: str, token_cfg: TokenMethodConfig) -> AlgorithmConfig:
+    """The analysis's :class:`~arlopti.config.AlgorithmConfig` of one method (no KL, no entropy bonus)."""
     kind = method_kind(name)
     tm = replace(token_cfg, name=name if kind == "token_method" else "none")
     loss = name if kind == "policy_loss" else "ppo_clip"
-    return LossConfig(kl_coef=0.0, entropy_coef=0.0, token_method=tm, policy_loss=loss,
-                      dual_clip=None if kind == "policy_loss" else 10.0)
+    return AlgorithmConfig(kl_coef=0.0, entropy_coef=0.0, token_method=tm, policy_loss=loss,
+                           dual_clip=None if kind == "policy_loss" else 10.0)
 
 
 def method_stats(name: str, token_cfg: TokenMethodConfig, temperature: float) -> StatsRequest:
-    """What the method reads of π_θ's full distribution (:mod:`arlopti.algorithms.forward_needs`)."""
-    from arlopti.algorithms.forward_needs import forward_stats, old_pass_stats
+    """What the method reads of π_θ's full distribution (:mod:`arlopti.plugins.forward_needs`)."""
+    from arlopti.plugins.forward_needs import forward_stats, old_pass_stats
 
     cfg = method_config(name, token_cfg)
     if method_kind(name) == "estimator":
@@ -176,14 +178,15 @@ def sampled_statistics(policy, batch, request: StatsRequest, micro_batch_size: i
     return torch.cat(ents) * mask, stats
 
 
-def _loss_advantages(cfg: LossConfig, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, entropy: Tensor,
+def _loss_advantages(cfg: AlgorithmConfig, logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor, entropy: Tensor,
                      dist: TokenStats) -> Tensor:
     """A'_t = −N·∂L/∂logπ_t of grpo_objective with ``cfg`` at ``logp`` (module docstring)."""
     lp = logp.detach().clone().requires_grad_(True)
     n = float(mask.sum())
     if n == 0:
         return torch.zeros_like(adv)
-    loss, _ = grpo_objective(lp, old, adv, mask, mask, cfg, entropy=entropy, dist=dist, scale=n)
+    shaping = shaping_for(cfg, lp, old, adv, mask, mask, Forward(entropy, dist))
+    loss, _ = grpo_objective(lp, old, adv, mask, mask, cfg, entropy=entropy, scale=LossScale(n), shaping=shaping)
     (g,) = torch.autograd.grad(loss, lp, allow_unused=True)
     return torch.zeros_like(adv) if g is None else (-g * n).detach() * mask
 
@@ -238,33 +241,26 @@ def method_plan(name: str, old: Tensor, entropy: Tensor, adv: Tensor, mask: Tens
     return c * mask, adv * c, phases
 
 
-def objective_gradients(policy, batch, old: Tensor, adv: Tensor, cfg: LossConfig, weights: dict[str, Tensor],
+def objective_gradients(policy, batch, old: Tensor, adv: Tensor, cfg: AlgorithmConfig, weights: dict[str, Tensor],
                         request: StatsRequest, micro_batch_size: int = 4) -> dict[str, list[Tensor]]:
     """Per-weight parameter gradients of grpo_objective with ``cfg`` on the model itself (one forward per
-    micro-batch with the statistics of ``request``), each token's loss times ``weights[k]`` (a 0/1 mask
-    restricts it to a bucket: the shaping still sees every token), normalised by the batch's tokens."""
-    params = trainable(policy)
-    bank = {k: [torch.zeros_like(p, dtype=torch.float32) for p in params] for k in weights}
-    total, mask = float(batch.response_mask.sum()), batch.response_mask
-    if total == 0:
-        return bank
-    was = policy.training
-    policy.eval()
-    try:
-        for rows, ids, attn, r in micro_batches(batch, micro_batch_size):
-            with torch.enable_grad():
-                logp, ent, dist = policy(ids, attn, batch.prompt_len, batch.temperature, True, stats=request)
-                m = mask[rows, :r]
-                for i, (k, w) in enumerate(weights.items()):
-                    loss, _ = grpo_objective(logp, old[rows, :r], adv[rows, :r], m, m, cfg, entropy=ent.detach(),
-                                             dist=dist, scale=total, token_weight=w[rows, :r])
-                    grads = torch.autograd.grad(loss, params, retain_graph=i + 1 < len(weights), allow_unused=True)
-                    for acc, g in zip(bank[k], grads):
-                        if g is not None:
-                            acc.add_(g.float())
-    finally:
-        policy.train(was)
-    return bank
+    micro-batch with the statistics of ``request``, :func:`~.updates.accumulate_gradients`), each token's loss
+    times ``weights[k]`` (the shaping's correction: a 0/1 mask restricts it to a bucket, the shaping still
+    sees every token), normalised by the batch's tokens."""
+    mask, scale = batch.response_mask, LossScale(float(batch.response_mask.sum()))
+
+    def forward(ids: Tensor, attn: Tensor):
+        return policy(ids, attn, batch.prompt_len, batch.temperature, True, stats=request)
+
+    def losses(rows: Tensor, r: int, out) -> Iterator[tuple[str, Tensor]]:
+        logp, ent, dist = out
+        m, o, a = mask[rows, :r], old[rows, :r], adv[rows, :r]
+        for k, w in weights.items():
+            shaping = shaping_for(cfg, logp, o, a, m, m, Forward(ent.detach(), dist, None, w[rows, :r]))
+            loss, _ = grpo_objective(logp, o, a, m, m, cfg, entropy=ent.detach(), scale=scale, shaping=shaping)
+            yield k, loss
+
+    return accumulate_gradients(policy, batch, weights, micro_batch_size, forward, losses)
 
 
 def _dot(a: list[Tensor], b: list[Tensor]) -> float:

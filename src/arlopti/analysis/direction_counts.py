@@ -9,20 +9,20 @@ sign of the GRPO advantage A:
   those responses belong to: the independent units a fraction rests on;
 * :func:`moved_counts`: k, the tokens that moved the way A asks (``pos_rose``: A > 0 and log p rose
   strictly; ``neg_fell``: A < 0 and it fell strictly; float32, as
-  :func:`arlopti.algorithms.buckets.update_direction_counts`, so ``k / n`` is its fraction exactly);
+  :func:`arlopti.plugins.buckets.update_direction_counts`, so ``k / n`` is its fraction exactly);
 * :func:`discordant`: against a baseline's update of the same batch (GRPO), the tokens that moved the
   right way under one and not the other (``this_only``, ``base_only``), and per response the sign of
   (its tokens moved the right way here) − (under the baseline): ``responses_more``, ``responses_fewer``,
   ``responses_same``.
 
-Tokens with A = 0 count nowhere. Buckets are those of p_old (:func:`~arlopti.algorithms.buckets.bucket_index`).
+Tokens with A = 0 count nowhere. Buckets are those of p_old (:func:`~arlopti.plugins.buckets.bucket_index`).
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
-from arlopti.algorithms.buckets import BUCKET_NAMES, NUM_BUCKETS
+from arlopti.plugins.buckets import BUCKET_NAMES, NUM_BUCKETS
 
 SIGNS = ("pos", "neg")
 #: each sign's count of tokens that moved the way A asks

@@ -33,8 +33,8 @@ import statistics
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_counts, bucket_index,
-                                      is_monotone_decreasing, per_bucket_dict, stratified_token_sample)
+from arlopti.plugins.buckets import (BUCKET_NAMES, NUM_BUCKETS, bucket_counts, bucket_index,
+                                     is_monotone_decreasing, per_bucket_dict, stratified_token_sample)
 from arlopti.analysis.updates import bucket_specs, grad_norm, loss_gradients, trainable
 from arlopti.learner.policy import position_ids_from_mask
 

@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from arlopti.algorithms.buckets import BUCKET_EDGES, BUCKET_LABELS, BUCKET_NAMES  # noqa: E402
+from arlopti.plugins.buckets import BUCKET_EDGES, BUCKET_LABELS, BUCKET_NAMES  # noqa: E402
 
 _COLORS = {"grpo": "#4c72b0", "ar": "#dd8452", "lopti": "#55a868", "ar_lopti": "#c44e52",
            "all": "#4c72b0", "low": "#dd8452", "high": "#55a868"}

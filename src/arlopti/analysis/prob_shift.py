@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.buckets import NUM_BUCKETS, bucket_means, bucket_sums, per_bucket_dict, safe_ratio
+from arlopti.plugins.buckets import NUM_BUCKETS, bucket_means, bucket_sums, per_bucket_dict, safe_ratio
 from arlopti.analysis.updates import (WeightSnapshot, add_gradients, apply_gradient, bucket_specs, grad_norm,
                                       loss_gradients, make_optimizer, sampled_log_probs)
 

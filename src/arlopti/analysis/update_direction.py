@@ -24,8 +24,8 @@ import torch
 from torch import Tensor
 
 from arlopti.algorithms import advantage_reweight, lopti_masks
-from arlopti.algorithms.buckets import (per_bucket_dict, safe_ratio, update_direction_counts,
-                                      update_direction_fractions)
+from arlopti.plugins.buckets import (per_bucket_dict, safe_ratio, update_direction_counts,
+                                     update_direction_fractions)
 from arlopti.analysis.updates import (LossSpec, WeightSnapshot, apply_gradient, loss_gradients, make_optimizer,
                                       sampled_log_probs)
 

@@ -4,8 +4,8 @@ Every analysis here starts from the same weights θ and the same batch, with
 ``old_log_probs = log π_θ`` at the rollout temperature (so the PPO ratio is 1 and no clip is
 active at θ). A *loss spec* is ``(advantages [B, R], phase_mask [B, R])``; its loss is the
 learner's :func:`arlopti.algorithms.grpo_objective` with that phase mask, normalised by **all**
-valid tokens of the batch (``normalize="all"`` with ``scale`` = the batch's token count, the
-official Lopti normalisation), KL coefficient 0 (no reference model; at θ = θ_ref its gradient is
+valid tokens of the batch (``lopti.normalize=all`` with ``scale=LossScale(N)``, N the batch's token count,
+the official Lopti normalisation), KL coefficient 0 (no reference model; at θ = θ_ref its gradient is
 0 anyway) and no entropy bonus. At θ its gradient is exactly
 
     ∇L = −(1/N) Σ_t m_t A_t ∇log π_θ(o_t)
@@ -14,23 +14,26 @@ so specs that partition the tokens have gradients that sum to the all-token grad
 
 :func:`loss_gradients` computes several specs' parameter gradients from **one** forward pass per
 micro-batch (one backward per spec, the graph retained in between), accumulating each into its
-own fp32 buffer (memory: one parameter-sized buffer per spec). :func:`apply_gradient` takes one
+own fp32 buffer (memory: one parameter-sized buffer per spec); the loop is :func:`accumulate_gradients`,
+which :func:`arlopti.analysis.compare_methods.objective_gradients` shares. :func:`apply_gradient` takes one
 optimizer step with a given gradient; :class:`WeightSnapshot` restores θ between experiments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from arlopti.algorithms import LossConfig, grpo_objective
+from arlopti.algorithms import LossScale, grpo_objective
+from arlopti.config import AlgorithmConfig
 from arlopti.learner.policy import batched_logprobs
 
 OPTIMIZERS = ("sgd", "adamw")
-ANALYSIS_LOSS = LossConfig(kl_coef=0.0, entropy_coef=0.0)
+ANALYSIS_LOSS = AlgorithmConfig(kl_coef=0.0, entropy_coef=0.0)
 
 
 @dataclass(frozen=True)
@@ -69,46 +72,65 @@ def micro_batches(batch, size: int) -> Iterator[tuple[Tensor, Tensor, Tensor, in
         yield rows, batch.input_ids[rows, :cut], batch.attention_mask[rows, :cut], r
 
 
-def loss_gradients(policy, batch, old_log_probs: Tensor, specs: dict[str, LossSpec],
-                   micro_batch_size: int = 4, log_probs_fn=None) -> dict[str, list[Tensor]]:
-    """Per-spec parameter gradients (fp32, aligned with :func:`trainable`) at the current weights.
-
-    ``old_log_probs`` is the ratio's denominator (the rollout policy); at θ itself pass the
-    current log-probs. Gradients are accumulated over micro-batches; the loss of every micro-batch
-    is divided by the batch's total valid-token count, so the sum is the batch token-mean.
-    """
+def accumulate_gradients(policy, batch, keys: Iterable[str], micro_batch_size: int,
+                         forward: Callable[[Tensor, Tensor], Any],
+                         losses: Callable[[Tensor, int, Any], Iterable[tuple[str, Tensor]]]
+                         ) -> dict[str, list[Tensor]]:
+    """Per-key parameter gradients (fp32, aligned with :func:`trainable`) summed over the micro-batches of
+    :func:`micro_batches` at the current weights: per micro-batch one ``out = forward(ids, attn)`` (eval mode,
+    with grad), then one ``autograd.grad`` of each ``(key, loss)`` that ``losses(rows, r, out)`` yields, the
+    graph retained while it yields another (the next loss is asked for before each backward). A key it never
+    yields keeps its zeros, as does every key of a batch without a valid token."""
     params = trainable(policy)
-    bank = {k: [torch.zeros_like(p, dtype=torch.float32) for p in params] for k in specs}
-    total = float(batch.response_mask.sum())
-    if total == 0 or not specs:
+    bank = {k: [torch.zeros_like(p, dtype=torch.float32) for p in params] for k in keys}
+    if not bank or float(batch.response_mask.sum()) == 0:
         return bank
-    names = list(specs)
     was = policy.training
     policy.eval()  # no dropout anyway; eval keeps the forward identical to the no-grad passes
     try:
         for rows, ids, attn, r in micro_batches(batch, micro_batch_size):
             with torch.enable_grad():
-                if log_probs_fn is None:
-                    logp, _ = policy(ids, attn, batch.prompt_len, batch.temperature, with_entropy=False)
-                else:
-                    logp = log_probs_fn(ids, attn)
-                mask = batch.response_mask[rows, :r]
-                for i, name in enumerate(names):
-                    spec = specs[name]
-                    live = spec.phase_mask[rows, :r].bool() & mask.bool() & (spec.advantages[rows, :r] != 0)
-                    if not bool(live.any()):  # its gradient from this micro-batch is exactly 0
-                        continue
-                    last = not any(bool((specs[n].phase_mask[rows, :r].bool() & mask.bool()
-                                         & (specs[n].advantages[rows, :r] != 0)).any()) for n in names[i + 1:])
-                    loss, _ = grpo_objective(logp, old_log_probs[rows, :r], spec.advantages[rows, :r], mask,
-                                             spec.phase_mask[rows, :r], ANALYSIS_LOSS, scale=total)
-                    grads = torch.autograd.grad(loss, params, retain_graph=not last, allow_unused=True)
-                    for acc, g in zip(bank[name], grads):
+                pending = iter(losses(rows, r, forward(ids, attn)))
+                item = next(pending, None)
+                while item is not None:
+                    following = next(pending, None)  # another loss still needs the graph
+                    grads = torch.autograd.grad(item[1], params, retain_graph=following is not None,
+                                                allow_unused=True)
+                    for acc, g in zip(bank[item[0]], grads):
                         if g is not None:
                             acc.add_(g.float())
+                    item = following
     finally:
         policy.train(was)
     return bank
+
+
+def loss_gradients(policy, batch, old_log_probs: Tensor, specs: dict[str, LossSpec],
+                   micro_batch_size: int = 4, log_probs_fn=None) -> dict[str, list[Tensor]]:
+    """Per-spec parameter gradients (fp32, aligned with :func:`trainable`) at the current weights.
+
+    ``old_log_probs`` is the ratio's denominator (the rollout policy); at θ itself pass the
+    current log-probs. Gradients are accumulated over micro-batches (:func:`accumulate_gradients`); the
+    loss of every micro-batch is divided by the batch's total valid-token count, so the sum is the batch
+    token-mean. A spec without a live token (in its phase, valid, A ≠ 0) in a micro-batch is skipped there:
+    its gradient from it is exactly 0.
+    """
+    scale = LossScale(float(batch.response_mask.sum()))
+
+    def forward(ids: Tensor, attn: Tensor) -> Tensor:
+        if log_probs_fn is not None:
+            return log_probs_fn(ids, attn)
+        return policy(ids, attn, batch.prompt_len, batch.temperature, with_entropy=False)[0]
+
+    def losses(rows: Tensor, r: int, logp: Tensor) -> Iterator[tuple[str, Tensor]]:
+        mask = batch.response_mask[rows, :r]
+        for name, spec in specs.items():
+            adv, phase = spec.advantages[rows, :r], spec.phase_mask[rows, :r]
+            if bool((phase.bool() & mask.bool() & (adv != 0)).any()):
+                yield name, grpo_objective(logp, old_log_probs[rows, :r], adv, mask, phase, ANALYSIS_LOSS,
+                                           scale=scale)[0]
+
+    return accumulate_gradients(policy, batch, specs, micro_batch_size, forward, losses)
 
 
 def grad_norm(grads: list[Tensor]) -> float:
@@ -165,7 +187,7 @@ def apply_gradient(policy, optimizer: torch.optim.Optimizer, grads: list[Tensor]
 def bucket_specs(old_log_probs: Tensor, response_mask: Tensor, advantages: Tensor) -> dict[str, LossSpec]:
     """One spec per probability bucket (``b0`` … ``b3``): the advantages kept only on that bucket's
     tokens, the official ``mask_prob_intervalK`` experiment."""
-    from arlopti.algorithms.buckets import NUM_BUCKETS, bucket_index
+    from arlopti.plugins.buckets import NUM_BUCKETS, bucket_index
 
     idx = bucket_index(torch.exp(old_log_probs.detach().float()))
     valid = response_mask.bool()

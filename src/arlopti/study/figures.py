@@ -10,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES
+from arlopti.plugins.buckets import BUCKET_LABELS, BUCKET_NAMES
 
 DPI = 80
 #: The paper's methods and their step-matched controls (dashed), drawn in the first panel of the curves; the

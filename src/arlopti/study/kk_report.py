@@ -21,7 +21,7 @@ import csv
 import json
 from pathlib import Path
 
-from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES
+from arlopti.plugins.buckets import BUCKET_LABELS, BUCKET_NAMES
 from arlopti.study.mechanism import MECHANISM_KEYS
 
 ACC_KEY = "val/kk/mean/greedy/acc"

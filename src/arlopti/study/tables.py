@@ -18,7 +18,7 @@ bucket, :func:`mean_ci` over seeds. :func:`markdown_tables` renders the headline
 
 from __future__ import annotations
 
-from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES, NUM_BUCKETS
+from arlopti.plugins.buckets import BUCKET_LABELS, BUCKET_NAMES, NUM_BUCKETS
 from arlopti.study.mechanism import MECHANISM_KEYS
 from arlopti.study.stats import adjusted_ci, bonferroni, curve_bands, mean_ci, paired, steps_to_threshold
 

@@ -43,7 +43,7 @@ from pathlib import Path
 import lightning.pytorch as L
 import torch
 
-from arlopti.algorithms.buckets import bucket_sums, update_direction_counts
+from arlopti.plugins.buckets import bucket_sums, update_direction_counts
 from arlopti.learner.diagnostics import post_update_log_probs
 from arlopti.config.compose import quoted
 from arlopti.study.methods import algorithm_overrides, check_run_algorithm, run_algorithm
