@@ -9,7 +9,7 @@ the masters left on the bf16 grid as loaded from the bf16 checkpoint (the code b
 (``--parts``; the first four by default):
 
 * ``step0``: one cold-start batch at the initial weights. The loss, the per-token log-prob differences from
-  fp32 by probability bucket (fp32's p; ``arlopti.algorithms.buckets``) and the gradient's cosine and norm
+  fp32 by probability bucket (fp32's p; ``arlopti.plugins.buckets``) and the gradient's cosine and norm
   ratio against fp32 (all parameters, and by group) for bf16-mixed as the trainer runs it, for the naive
   log-prob path, for bf16-mixed with the LM-head GEMM kept in fp32 (the fused op's logits unrounded) and with
   the masters spread; plus the dtypes of the master weights, gradients, AdamW state and the clipped norm, and
@@ -164,7 +164,7 @@ def grad_compare(ref: dict, other: dict) -> dict:
 
 def bucket_diffs(ref_logp, other_logp, mask) -> list[dict]:
     """Mean and max |Δ log p| of ``other`` against ``ref`` per bucket of ``ref``'s probability."""
-    from arlopti.algorithms.buckets import BUCKET_LABELS, bucket_index
+    from arlopti.plugins.buckets import BUCKET_LABELS, bucket_index
 
     valid = mask.bool()
     b = bucket_index(ref_logp.exp())[valid]

@@ -5,7 +5,7 @@ template, as ``data=kk_generated``) × ``--n`` samples of up to ``--tokens`` tok
 temperature ``--temperature`` (the project default 0.7, top-p 1, top-k off) from an engine
 built from the policy; the policy's logπ_old of the same tokens recomputed as the learner does
 (:func:`arlopti.learner.policy.fill_logprobs`, fp32, the CPU trainer's ``precision: 32-true``);
-then :func:`arlopti.algorithms.mismatch.mismatch_metrics`, printed as a table: all tokens, then
+then :func:`arlopti.plugins.mismatch.mismatch_metrics`, printed as a table: all tokens, then
 each bucket of p = exp(logπ_old).
 
 ``--engine vllm --engine-dtype float32|bfloat16``: a colocated vLLM engine
@@ -79,8 +79,8 @@ def main(argv=None) -> int:
         args.model, args.engine, args.engine_dtype, args.prompts, args.n, args.tokens = "tiny", "hf", "float32", 1, 2, 4
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
-    from arlopti.algorithms.mismatch import METRIC_NAMES, mismatch_metrics
-    from arlopti.algorithms.buckets import BUCKET_LABELS, BUCKET_NAMES
+    from arlopti.plugins.mismatch import METRIC_NAMES, mismatch_metrics
+    from arlopti.plugins.buckets import BUCKET_LABELS, BUCKET_NAMES
     from arlopti.config import RolloutConfig
     from arlopti.learner.experience import build_experience
     from arlopti.learner.policy import PolicyLM, fill_logprobs

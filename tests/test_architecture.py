@@ -94,8 +94,45 @@ def units() -> set[str]:
 
 def test_the_doc_names_layers_and_exceptions():
     layers, allowed = doc_tables()
-    assert len(set(layers.values())) >= 10 and {"config", "learner", "rollout", "callbacks"} <= set(layers)
+    assert {"config", "algorithms", "plugins", "learner", "rollout", "callbacks"} <= set(layers)
     assert len(allowed) <= 2, "the issue's goal: at most 2 upward imports, each with a reason"
+
+
+def floors(graph: dict[str, set[str]]) -> dict[str, int]:
+    """unit -> its floor: 1 + the highest floor of the units it imports (1 for a unit importing none)."""
+    out: dict[str, int] = {}
+
+    def floor(u: str, trail: frozenset) -> int:
+        if u not in out:
+            out[u] = 1 + max((floor(v, trail | {u}) for v in graph[u] if v not in trail | {u}), default=0)
+        return out[u]
+
+    for u in graph:
+        floor(u, frozenset())
+    return out
+
+
+def test_the_doc_gives_each_unit_the_floor_its_imports_give_it():
+    """docs/architecture.md's table is the code's floors (issue 53): a unit's floor there is 1 + the highest
+    floor of the units it imports."""
+    layers, _ = doc_tables()
+    got = floors(unit_graph())
+    wrong = {u: (layers.get(u), f) for u, f in got.items() if layers.get(u) != f}
+    assert not wrong, "unit: (floor in the doc, floor of its imports): " + str(dict(sorted(wrong.items())))
+
+
+def test_the_floors_of_a_small_graph():
+    assert floors({"a": {"b", "c"}, "b": {"c"}, "c": set(), "d": {"c"}}) == {"a": 3, "b": 2, "c": 1, "d": 2}
+
+
+def test_the_papers_core_imports_no_option():
+    """``algorithms/`` (GRPO, AR, Lopti) never imports ``plugins/`` (the other methods) or anything but the
+    config, directly or by name: the options register into the core's registries from above."""
+    graph = unit_graph()
+    assert graph["algorithms"] <= {"config"}, sorted(graph["algorithms"])
+    named = [f"{p.relative_to(REPO)}:{line}" for p in sorted((SRC / "algorithms").rglob("*.py"))
+             for target, line in named_imports(p) if unit_of(target) != "algorithms"]
+    assert not named, named
 
 
 def test_the_layer_table_names_whole_units_each_once():
@@ -241,3 +278,67 @@ def test_every_listed_exception_is_still_needed():
 def test_longest_prefix_decides(module, layer):
     layers, _ = doc_tables()
     assert owner(module, layers) == layer
+
+
+#: The path a researcher reads to change the loss, config to the learner's step (issue 53), in reading order.
+LOSS_PATH = ("algorithms/reweighting.py", "algorithms/isolation.py", "algorithms/plan.py", "algorithms/inputs.py",
+             "algorithms/objective.py", "algorithms/policy_loss.py", "algorithms/aggregation.py", "learner/module.py")
+
+
+def _option_names() -> set[str]:
+    """What belongs to a method above the core: the rival losses' and token methods' registered names and
+    rollout corrections, and the settings only they read."""
+    import dataclasses
+
+    import arlopti.plugins  # noqa: F401  (fills the registries)
+    from arlopti.algorithms.policy_loss import CORE_LOSSES
+    from arlopti.config.schema import LossParamsConfig, RolloutCorrectionConfig, TokenMethodConfig
+    from arlopti.config.registries import POLICY_LOSSES, ROLLOUT_CORRECTIONS, TOKEN_METHODS
+
+    names = (set(POLICY_LOSSES.names()) - set(CORE_LOSSES)) | set(TOKEN_METHODS.names()) - {"none"}
+    names |= set(ROLLOUT_CORRECTIONS.names()) - {"none"}
+    for cls in (LossParamsConfig, TokenMethodConfig, RolloutCorrectionConfig):
+        names |= {f.name for f in dataclasses.fields(cls)} - {"name", "mode"}
+    names -= {"reverse"}  # the token method shares its name with Lopti's own flag (lopti.reverse)
+    return names | {"loss_params", "rollout_correction", "dist", "top_log_probs", "behaviour_log_probs",
+                    "engine_logprobs", "empty_rows"}
+
+
+def test_the_loss_path_is_short_and_free_of_the_options():
+    """Issue 53's goals: the path to change the loss is at most 900 lines in at most 8 files, and no option's
+    parameter, setting or name appears in it as code (identifiers, parameters, attributes, string constants);
+    the learner's step reaches the options through one seam, ``plugins.run_options``."""
+    lines = {p: len((SRC / p).read_text().splitlines()) for p in LOSS_PATH}
+    assert len(lines) <= 8 and sum(lines.values()) <= 900, lines
+    banned, found = _option_names(), []
+    for p in LOSS_PATH:
+        tree = ast.parse((SRC / p).read_text())
+        for node in ast.walk(tree):
+            words = []
+            if isinstance(node, ast.arg):
+                words = [node.arg]
+            elif isinstance(node, ast.Name):
+                words = [node.id]
+            elif isinstance(node, ast.Attribute):
+                words = [node.attr]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and len(node.value) < 40:
+                words = [node.value]
+            found += [f"{p}:{node.lineno}: {w}" for w in words if w in banned]
+    assert not found, "\n".join(found)
+    plugins = [t for t, _ in arlopti_imports(SRC / "learner/module.py") if unit_of(t) == "plugins"]
+    assert plugins == ["plugins.run_options"], plugins
+
+
+def test_the_papers_functions_take_at_most_ten_parameters():
+    from arlopti.algorithms import grpo_objective, policy_loss
+
+    for fn in (grpo_objective, policy_loss):
+        code = fn.__code__
+        assert code.co_argcount + code.co_kwonlyargcount <= 10, fn.__name__
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    long = [f"{p.relative_to(REPO)}:{n.lineno}: {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in sorted(SRC.rglob("*.py")) for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
+    assert not long, "\n".join(long)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from arlopti.algorithms.advantages import rloo_advantages
-from arlopti.algorithms.dapo import has_signal
-from arlopti.algorithms.mismatch import correction_weights
+from arlopti.plugins.dapo import has_signal
+from arlopti.plugins.mismatch import correction_weights
 from arlopti.algorithms.policy_loss import gspo_loss
 
 

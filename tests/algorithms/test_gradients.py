@@ -5,10 +5,14 @@
 (iii) Lopti phase 1: high-group tokens get exactly zero gradient (policy and KL terms).
 """
 
+import dataclasses
+
 import pytest
+
 import torch
 
-from arlopti.algorithms import LossConfig, advantage_reweight, ar_weights, grpo_objective, lopti_masks
+from arlopti.algorithms import advantage_reweight, ar_weights, grpo_objective, lopti_masks
+from arlopti.config import AlgorithmConfig
 
 torch.manual_seed(0)
 B, T = 6, 10
@@ -18,19 +22,20 @@ ADV = torch.randn(B, 1).expand(B, T) * MASK
 REF = OLD + 0.1 * torch.randn(B, T)
 # Current log-probs near the old ones, some far enough to trigger clipping and dual-clip.
 LOGP = (OLD + 0.3 * torch.randn(B, T)).clamp(max=0)
-CFG = LossConfig(kl_coef=0.01, entropy_coef=0.0)
+CFG = AlgorithmConfig(kl_coef=0.01, entropy_coef=0.0)
 
 
 def _grad(adv, phase_mask, cfg=CFG, normalize="all"):
     logp = LOGP.clone().requires_grad_()
-    loss, _ = grpo_objective(logp, OLD, adv, MASK, phase_mask, cfg, ref_log_probs=REF, normalize=normalize)
+    cfg = dataclasses.replace(cfg, lopti=dataclasses.replace(cfg.lopti, normalize=normalize))
+    loss, _ = grpo_objective(logp, OLD, adv, MASK, phase_mask, cfg, ref_log_probs=REF)
     loss.backward()
     return loss.detach(), logp.grad
 
 
 @pytest.mark.parametrize("alpha", [0.1, 0.3, 1.0])
 def test_ar_scales_each_token_gradient_exactly(alpha):
-    cfg = LossConfig(kl_coef=0.0)  # the KL gradient does not involve A
+    cfg = AlgorithmConfig(kl_coef=0.0)  # the KL gradient does not involve A
     _, g_grpo = _grad(ADV, MASK, cfg)
     _, g_ar = _grad(advantage_reweight(ADV, OLD, alpha), MASK, cfg)
     w = ar_weights(OLD, alpha)
@@ -57,7 +62,7 @@ def test_lopti_phase_one_gives_high_tokens_zero_gradient():
 
 def test_phase_normalisation_option_uses_the_phase_token_count():
     low, _ = lopti_masks(OLD, MASK, 0.5)
-    cfg = LossConfig(kl_coef=0.0, clip_low=10.0, clip_high=10.0, dual_clip=None)  # no clipping
+    cfg = AlgorithmConfig(kl_coef=0.0, clip_low=10.0, clip_high=10.0, dual_clip=None)  # no clipping
     l_all, _ = _grad(ADV, low, cfg, normalize="all")
     l_phase, _ = _grad(ADV, low, cfg, normalize="phase")
     torch.testing.assert_close(l_phase, l_all * MASK.sum() / low.sum(), rtol=1e-5, atol=1e-7)

@@ -1,14 +1,13 @@
-"""``step_order``, ``phase_pass_ends``, ``phase_names`` and ``first_step_inputs`` by hand."""
+"""``step_order``, ``phase_pass_ends`` and ``phase_names`` by hand."""
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
 
-from arlopti.algorithms import advantage_reweight, lopti_masks, phase_plan
-from arlopti.algorithms.plan import first_step_inputs, phase_names, phase_pass_ends, step_order
+from arlopti.algorithms import phase_plan
+from arlopti.algorithms.plan import phase_names, phase_pass_ends, step_order
 
 MB = [[0, 1], [2, 3], [4, 5]]
 
@@ -52,22 +51,3 @@ def test_phase_pass_ends_mark_each_run_of_one_phase():
 def test_bad_plans_name_the_key(bad):
     with pytest.raises(ValueError, match="granularity|ppo_epochs"):
         step_order(["all"], MB, **bad)
-
-
-def test_first_step_inputs_equal_the_separate_pass_by_hand():
-    logp = torch.log(torch.tensor([[0.1, 0.6, 0.9], [0.3, 0.2, 0.5]])).requires_grad_()
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    adv = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, 0.0]])
-    old, a, low = first_step_inputs(logp, mask, adv, 0.3, "low", 0.4)
-    assert not old.requires_grad and old[1, 2] == 0
-    # AR by hand: (0.3 p + 0.7) A
-    assert a[0, 1].item() == pytest.approx((0.3 * 0.6 + 0.7) * 1.0)
-    assert a[1, 0].item() == pytest.approx((0.3 * 0.3 + 0.7) * -2.0)
-    assert low.tolist() == [[True, False, False], [True, True, False]]
-    _, _, high = first_step_inputs(logp, mask, adv, 0.3, "high", 0.4)
-    assert high.tolist() == [[False, True, True], [False, False, False]]
-    assert torch.equal(a, advantage_reweight(adv, old, 0.3))
-    assert torch.equal(low, lopti_masks(old, mask, 0.4)[0])
-    _, a_all, every = first_step_inputs(logp, mask, adv, 0.0, "all", None)
-    assert torch.equal(a_all, adv) and torch.equal(every, mask.bool())
-    assert math.isclose(float(old[0, 0].exp()), 0.1, rel_tol=1e-6)

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from arlopti.algorithms import aggregate, policy_loss
+from arlopti.algorithms import Clip, aggregate, policy_loss
+from arlopti.algorithms.aggregation import Aggregation
 from arlopti.algorithms.policy_loss import per_token_policy_loss
 
 # Two sequences x 3 positions. Ratios are set through log_probs - old_log_probs.
@@ -18,7 +19,7 @@ LOGP = OLD + torch.log(RATIO)
 # 10 (dual-clip: -A*ratio = 20 capped at -A*c = 10), 0 (A = 0).
 PER_TOKEN = torch.tensor([[-1.1, -1.24, 0.0], [0.8, 10.0, 0.0]])
 # the settings PER_TOKEN is computed with (the schema's defaults; the functions have none of their own)
-PPO = {"clip_low": 0.2, "clip_high": 0.24, "dual_clip": 10.0, "name": "ppo_clip"}
+PPO = {"clip": Clip(0.2, 0.24, 10.0), "name": "ppo_clip"}
 GSPO = {"clip_low": 3e-4, "clip_high": 4e-4, "dual_clip": None}  # configs/algorithm/gspo.yaml
 
 
@@ -37,7 +38,7 @@ def test_per_token_values_and_indicators():
     ("seq-mean-token-sum-norm", (-1.1 - 1.24 + 0.8 + 10.0) / (2 * 3)),
 ])
 def test_aggregation_modes(agg, expected):
-    loss, m = policy_loss(LOGP, OLD, ADV, MASK, 0.2, 0.24, 10.0, agg=agg, name="ppo_clip")
+    loss, m = policy_loss(LOGP, OLD, ADV, MASK, Clip(0.2, 0.24, 10.0), Aggregation(agg), name="ppo_clip")
     assert loss.item() == pytest.approx(expected, abs=1e-5)
     assert m["clip_frac_high"] == pytest.approx(1 / 5)
     assert m["clip_frac_low"] == pytest.approx(1 / 5)
@@ -60,14 +61,14 @@ def test_no_dual_clip_when_disabled():
 
 
 def test_approx_kl_is_mean_old_minus_new():
-    _, m = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean", **PPO)
+    _, m = policy_loss(LOGP, OLD, ADV, MASK, agg=Aggregation("token-mean"), **PPO)
     expected = (-(torch.log(RATIO)) * MASK).sum() / MASK.sum()
     assert m["approx_kl"] == pytest.approx(expected.item(), abs=1e-6)
 
 
 def test_gradient_is_minus_advantage_times_ratio_where_unclipped():
     logp = LOGP.clone().requires_grad_()
-    loss, _ = policy_loss(logp, OLD, ADV, MASK, agg="token-mean", **PPO)
+    loss, _ = policy_loss(logp, OLD, ADV, MASK, agg=Aggregation("token-mean"), **PPO)
     loss.backward()
     n = MASK.sum()
     expected = torch.tensor([[-1.1, 0.0, 0.0], [0.0, 0.0, 0.0]]) / n  # clipped tokens: no gradient
@@ -77,7 +78,7 @@ def test_gradient_is_minus_advantage_times_ratio_where_unclipped():
 def test_ppo_ratio_one_means_vanilla_pg():
     logp = torch.randn(3, 4).requires_grad_()
     adv = torch.randn(3, 4)
-    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(3, 4), agg="token-mean", **PPO)
+    loss, _ = policy_loss(logp, logp.detach(), adv, torch.ones(3, 4), agg=Aggregation("token-mean"), **PPO)
     loss.backward()
     torch.testing.assert_close(logp.grad, -adv / 12)
     assert math.isclose(loss.item(), -adv.mean().item(), rel_tol=1e-5, abs_tol=1e-6)
@@ -85,7 +86,8 @@ def test_ppo_ratio_one_means_vanilla_pg():
 
 # ------------------------------------------------------------------ GSPO, CISPO, composition
 
-from arlopti.algorithms import POLICY_LOSSES, LossConfig, grpo_objective  # noqa: E402
+from arlopti.algorithms import POLICY_LOSSES, grpo_objective  # noqa: E402
+from arlopti.config import AlgorithmConfig  # noqa: E402
 from arlopti.algorithms.policy_loss import cispo_loss, gspo_loss  # noqa: E402
 
 
@@ -155,7 +157,7 @@ def test_a_lopti_phase_leaves_the_other_phases_tokens_without_gradient(name):
     adv = torch.randn(3, 1, generator=g).expand(3, 5).clone() * mask
     low = (torch.exp(old) < 0.3) & mask.bool()
     assert low.any() and (mask.bool() & ~low).any()
-    cfg = LossConfig(policy_loss=name, dual_clip=10.0 if name == "ppo_clip" else None, kl_coef=0.1,
+    cfg = AlgorithmConfig(policy_loss=name, dual_clip=10.0 if name == "ppo_clip" else None, kl_coef=0.1,
                      loss_agg="seq-mean-token-mean" if name == "gspo" else "token-mean",
                      clip_low=0.2, clip_high=0.24)
     ref = old - 0.1
@@ -168,8 +170,8 @@ def test_a_lopti_phase_leaves_the_other_phases_tokens_without_gradient(name):
 
 def test_the_correction_weight_multiplies_each_tokens_loss():
     w = torch.tensor([[0.5, 2.0, 1.0], [0.0, 1.0, 1.0]])
-    plain, _ = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean", **PPO)
-    weighted, _ = policy_loss(LOGP, OLD, ADV, MASK, agg="token-mean", token_weight=w, **PPO)
+    plain, _ = policy_loss(LOGP, OLD, ADV, MASK, agg=Aggregation("token-mean"), **PPO)
+    weighted, _ = policy_loss(LOGP, OLD, ADV, MASK, agg=Aggregation("token-mean"), token_weight=w, **PPO)
     assert float(weighted) == pytest.approx(float((PER_TOKEN * w * MASK).sum() / MASK.sum()))
     assert float(plain) == pytest.approx(float((PER_TOKEN * MASK).sum() / MASK.sum()))
 
@@ -179,8 +181,8 @@ def test_kl_in_reward_leaves_the_kl_out_of_the_loss_but_measures_it():
     ref = torch.log(torch.full((1, 2), 0.25))
     mask = torch.ones(1, 2)
     args = (logp, logp.detach(), torch.zeros(1, 2), mask, mask)
-    in_loss, m_loss = grpo_objective(*args, LossConfig(kl_coef=1.0, kl_in="loss"), ref_log_probs=ref)
-    in_reward, m_reward = grpo_objective(*args, LossConfig(kl_coef=1.0, kl_in="reward"), ref_log_probs=ref)
+    in_loss, m_loss = grpo_objective(*args, AlgorithmConfig(kl_coef=1.0, kl_in="loss"), ref_log_probs=ref)
+    in_reward, m_reward = grpo_objective(*args, AlgorithmConfig(kl_coef=1.0, kl_in="reward"), ref_log_probs=ref)
     assert float(in_reward.detach()) == 0.0 and float(in_loss.detach()) > 0
     assert m_reward["kl"] == pytest.approx(m_loss["kl"]) and m_reward["kl"] > 0
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from arlopti.algorithms import mismatch
+from arlopti.plugins import mismatch
 from arlopti.config.registries import ROLLOUT_CORRECTIONS
 from arlopti.config import (AlgorithmConfig, ConfigError, RolloutConfig, RolloutCorrectionConfig, RunConfig,
                             field_choices, rules, validate_run)
@@ -82,7 +82,7 @@ STATED_ONCE = {
     "(offload weights)": None,  # the vLLM engine re-checked rollout.sleep_level: the schema does
     "must lie in (0, 1]": None,  # ... and rollout.gpu_memory_utilization
     "step over a preallocated KV cache": "rollout/hf.py",
-    "token masking (IcePop): tokens with w_t outside": "algorithms/mismatch.py",
+    "token masking (IcePop): tokens with w_t outside": "plugins/mismatch.py",
     "def linear_warmup_multiplier": "learner/optim.py",
     "every response would be penalised": "config/rules.py",
 }
@@ -91,7 +91,7 @@ STATED_ONCE = {
 def test_the_overlong_buffer_rule_is_one_for_the_config_and_the_algorithm():
     """Config and dapo.overlong_penalty once disagreed (the config refused buffer == max_new_tokens,
     the algorithm and verl accept it); now both call rules.check_overlong_buffer."""
-    from arlopti.algorithms.dapo import overlong_penalty
+    from arlopti.plugins.dapo import overlong_penalty
     from arlopti.config import DapoConfig
 
     def run(buffer: int) -> RunConfig:
@@ -113,7 +113,7 @@ def test_a_rule_is_written_in_one_file(phrase):
 
 
 def test_the_learner_calls_the_configs_return_logprobs_rule():
-    import arlopti.learner.module as module
+    import arlopti.plugins.run_options as module  # the learner reaches the correction through this seam
 
     assert module.check_rollout_correction_logprobs is rules.check_rollout_correction_logprobs
     with pytest.raises(ConfigError, match="mode=tis needs the engine's log-probs: set rollout.return_logprobs=true"):

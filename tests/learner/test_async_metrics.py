@@ -11,8 +11,8 @@ import lightning.pytorch as L
 import pytest
 import torch
 
-from arlopti.algorithms.buckets import BUCKET_NAMES
-from arlopti.algorithms.staleness import StalenessError
+from arlopti.plugins.buckets import BUCKET_NAMES
+from arlopti.plugins.staleness import StalenessError
 from arlopti.config import AlgorithmConfig, OptimConfig, RolloutConfig, RunConfig, SizesConfig
 from arlopti.learner.async_metrics import add_async_metrics
 from arlopti.learner.experience import Experience
@@ -33,7 +33,7 @@ def _exp(versions, engine=None) -> Experience:
 
 def test_rows_without_versions_add_nothing():
     metrics = MetricSet()
-    add_async_metrics(metrics, _exp(None), torch.zeros(2, 2), trained_version=5, max_staleness=0, eta=0.5)
+    add_async_metrics(metrics, _exp(None), torch.zeros(2, 2), trained_version=5, max_staleness=0, threshold=0.5)
     assert metrics.as_dict() == {}
 
 
@@ -43,16 +43,16 @@ def test_the_values_and_their_rank_reduction_kinds():
     old = torch.tensor([[0.8, 0.2], [0.6, 0.9]]).log()
     engine = torch.tensor([[0.3, 0.1], [0.6, 0.01]]).log()
     metrics = MetricSet()
-    add_async_metrics(metrics, _exp(torch.tensor([4, 3]), engine), old, trained_version=5, max_staleness=2, eta=0.5)
+    add_async_metrics(metrics, _exp(torch.tensor([4, 3]), engine), old, trained_version=5, max_staleness=2, threshold=0.5)
     b0, _, b2, b3 = BUCKET_NAMES
     assert metrics.as_dict() == pytest.approx({
         "async/staleness_mean": 1.5, "async/staleness_max": 2.0, "async/staleness_frac/0": 0.0,
-        "async/staleness_frac/1": 0.5, "async/staleness_frac/2": 0.5, f"async/lopti_flip_frac/{b0}": 0.0,
-        f"async/lopti_flip_frac/{b2}": 0.0, f"async/lopti_flip_frac/{b3}": 1.0, "async/lopti_flip_frac/all": 1 / 3})
+        "async/staleness_frac/1": 0.5, "async/staleness_frac/2": 0.5, f"async/low_prob_flip_frac/{b0}": 0.0,
+        f"async/low_prob_flip_frac/{b2}": 0.0, f"async/low_prob_flip_frac/{b3}": 1.0, "async/low_prob_flip_frac/all": 1 / 3})
     kinds = metrics._kind
     assert kinds["async/staleness_max"] == "max"
     assert {kinds[k] for k in kinds if k != "async/staleness_max"} == {"mean"}
-    assert metrics._den["async/staleness_mean"] == 2.0 and metrics._den["async/lopti_flip_frac/all"] == 3.0
+    assert metrics._den["async/staleness_mean"] == 2.0 and metrics._den["async/low_prob_flip_frac/all"] == 3.0
 
 
 def test_every_async_tag_is_a_row_of_the_metrics_docs_and_every_row_is_written():
@@ -64,7 +64,7 @@ def test_every_async_tag_is_a_row_of_the_metrics_docs_and_every_row_is_written()
     exp = _exp(torch.tensor([4, 5]), old)
     exp.async_stats = {"trainer_wait_s": 0.5, "worker_idle_s": 0.1, "queue_depth": 2.0, "sync_s": 0.2,
                        "generate_s": 1.0, "policy_version": 4.0, "restarts": 0.0, "worker0/tokens_per_s": 300.0}
-    add_async_metrics(metrics, exp, old, trained_version=5, max_staleness=1, eta=0.5)
+    add_async_metrics(metrics, exp, old, trained_version=5, max_staleness=1, threshold=0.5)
     assert metrics.as_dict()["async/worker0/tokens_per_s"] == 300.0 and metrics._kind["async/queue_depth"] == "max"
     tags = list(metrics.as_dict())
     assert [t for t in tags if not any(p.match(t) for p in patterns)] == []
@@ -105,7 +105,7 @@ def test_a_step_within_the_bound_trains_and_writes_the_async_tags(tiny_tokenizer
     assert module.last_step_context.experience.engine_logprobs is not None
     assert m["async/staleness_mean"] == 0.75 and m["async/staleness_max"] == 2.0
     assert [m[f"async/staleness_frac/{s}"] for s in range(3)] == [0.5, 0.25, 0.25]
-    assert 0.0 <= m["async/lopti_flip_frac/all"] <= 1.0  # eta = algorithm.lopti.eta although Lopti is off
+    assert 0.0 <= m["async/low_prob_flip_frac/all"] <= 1.0  # eta = algorithm.lopti.eta although Lopti is off
     assert module.rollout_step == 6 and module.trainer.global_step > 0
 
 
@@ -120,6 +120,6 @@ def test_a_row_older_than_v_minus_k_stops_the_step_before_the_weights_change(tin
 
 def test_the_learner_resolves_the_correction_with_the_configs_rule():
     import arlopti.config.rules as rules
-    import arlopti.learner.module as module
+    import arlopti.plugins.run_options as run_options  # the learner's seam to the options
 
-    assert module.effective_correction_mode is rules.effective_correction_mode
+    assert run_options.effective_correction_mode is rules.effective_correction_mode

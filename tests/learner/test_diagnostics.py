@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from arlopti.algorithms import Phase
-from arlopti.algorithms.buckets import BUCKET_NAMES
+from arlopti.plugins.buckets import BUCKET_NAMES
 from arlopti.learner.diagnostics import DiagnosticSums, metrics_from_sums, prob_histogram, prob_range, step_sums
 
 

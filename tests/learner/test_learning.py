@@ -19,7 +19,7 @@ prints it), so the difference of two 3-step means has a standard deviation of ab
 under a third of the margin. The learning runs end between 0.62 and 1.0 from about 0.3 (printed
 with ``-s``). The rollout corrections learn exactly as GRPO does here: on the HF engine in fp32
 the engine's and the trainer's log-probs agree, so every weight is 1 (their own effect is tested
-on tensors in tests/algorithms/test_mismatch.py).
+on tensors in tests/plugins/test_mismatch.py).
 
 The matrix: every estimator x every loss of the first release (plain), every later estimator with
 ``ppo_clip`` and every later loss with ``grpo`` (the full product would cost ~2 s a pair); then GRPO,
@@ -152,7 +152,7 @@ CASES += [
       for mode in ("tis", "mis", "seq_tis")],
     ("reinforce_pp+kl_in_reward", _algorithm("reinforce_pp", "ppo_clip", kl_coef=0.01, kl_in="reward"), False),
 ]
-#: Token methods (arlopti.algorithms.token_methods) at their defaults, then composed with AR and Lopti where allowed.
+#: Token methods (arlopti.plugins.token_methods) at their defaults, then composed with AR and Lopti where allowed.
 CASES += [(f"grpo+{m}", _algorithm("grpo", "ppo_clip", token_method=TokenMethodConfig(name=m)), False)
           for m in ("clip_cov", "kl_cov", "top_entropy", "archer", "tr_grpo", "reverse")]
 CASES += [

@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from arlopti.algorithms.mismatch import mismatch_metrics
-from arlopti.algorithms.buckets import BUCKET_NAMES
+from arlopti.plugins.mismatch import mismatch_metrics
+from arlopti.plugins.buckets import BUCKET_NAMES
 from arlopti.learner.mismatch_metrics import add_mismatch_metrics
 from arlopti.learner.metric_set import MetricSet
 

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from arlopti.algorithms.forward_needs import forward_stats, needs_old_before_update, old_pass_stats
+from arlopti.plugins.forward_needs import forward_stats, needs_old_before_update, old_pass_stats
 from arlopti.config import AlgorithmConfig, TokenMethodConfig
 from arlopti.learner.experience import Experience
 from arlopti.learner.policy import PolicyLM, old_and_ref_log_probs

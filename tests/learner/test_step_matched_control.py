@@ -41,7 +41,7 @@ def _record(monkeypatch):
     import arlopti.learner.module as mod
 
     steps, scales = [], []
-    real_scale, real_accumulate = mod.GRPOModule._loss_scale, mod.GRPOModule._accumulate
+    real_scale, real_accumulate = mod.GRPOModule._loss_count, mod.GRPOModule._accumulate
     real_objective = mod.grpo_objective
 
     def scale(self, exp, phase, rows, t):
@@ -57,7 +57,7 @@ def _record(monkeypatch):
         steps[-1]["valid"] += float(mask.sum())
         return real_objective(logp, old, adv, mask, pmask, *a, **k)
 
-    monkeypatch.setattr(mod.GRPOModule, "_loss_scale", scale)
+    monkeypatch.setattr(mod.GRPOModule, "_loss_count", scale)
     monkeypatch.setattr(mod.GRPOModule, "_accumulate", accumulate)
     monkeypatch.setattr(mod, "grpo_objective", objective)
     return steps, scales

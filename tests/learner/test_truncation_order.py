@@ -13,7 +13,7 @@ import torch
 
 from arlopti.config import AlgorithmConfig, DapoConfig
 from arlopti.learner.experience import Experience, without_truncated
-from arlopti.learner.targets import token_advantages
+from arlopti.learner.advantages import token_advantages
 
 
 def _trl_order(rewards: list[float], truncated: list[bool], eps: float) -> tuple[torch.Tensor, torch.Tensor]:

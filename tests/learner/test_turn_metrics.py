@@ -35,7 +35,7 @@ def test_segments_and_the_numbers_by_hand():
     old[0, 5:13] = math.log(0.1)
     adv = exp.response_mask.clone()
     m = MetricSet()
-    add_turn_metrics(m, exp, old, adv, eta=0.5)
+    add_turn_metrics(m, exp, old, adv, threshold=0.5)
     v = m.as_dict()
     assert v["turns/mean"] == 2.0 and v["turns/max"] == 3.0 and v["turns/env_steps"] == 2.0
     assert v["turns/tool_calls"] == 0.0  # a text environment's steps are no tool calls
@@ -57,7 +57,7 @@ def test_segments_and_the_numbers_by_hand():
 def test_a_single_turn_step_adds_no_turn_tag():
     exp = build_experience([[1]], [[Episode([5, 6], [1, 1], "x", "stop")]], [RewardResult(0.0, False)], pad_id=0)
     m = MetricSet()
-    add_turn_metrics(m, exp, torch.zeros(1, 2), torch.zeros(1, 2), eta=0.5)
+    add_turn_metrics(m, exp, torch.zeros(1, 2), torch.zeros(1, 2), threshold=0.5)
     assert exp.turn_index is None and m.as_dict() == {}
 
 
@@ -74,7 +74,7 @@ def test_every_turn_tag_is_a_row_of_the_metrics_docs_and_every_row_is_written():
     exp = build_experience([[1, 2], [1, 2]], [[episode(a, 3), episode([1] * 4, 1)]],
                            [RewardResult(1.0, True), RewardResult(0.0, False)], pad_id=0)
     m = MetricSet()
-    add_turn_metrics(m, exp, torch.full(exp.response_mask.shape, -0.3), exp.response_mask.clone(), eta=0.5)
+    add_turn_metrics(m, exp, torch.full(exp.response_mask.shape, -0.3), exp.response_mask.clone(), threshold=0.5)
     tags = [t for t in m.as_dict() if t.startswith("turns/")]
     assert [t for t in tags if not any(p.match(t) for p in patterns)] == []
     assert [r for r, p in zip(rows, patterns) if not any(p.match(t) for t in tags)] == []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from arlopti.algorithms.buckets import BUCKET_NAMES
+from arlopti.plugins.buckets import BUCKET_NAMES
 from arlopti.loggers.tb_layout import (LOW_PROB, REWARD, ROLLOUT, UPDATE, LayoutFacts, scalar_layout,
                                        write_scalar_layout)
 from conftest import REPO_ROOT

@@ -24,7 +24,7 @@ from arlopti.config import AlgorithmConfig
 from arlopti.algorithms.policy_loss import per_token_policy_loss
 from arlopti.plugins.rival_losses import LossExtras
 from arlopti.plugins.rival_losses import binary_kl
-from arlopti.plugins.shaping import Forward, micro_batch_scale, shaping_for
+from arlopti.plugins.shaping import Forward, shaping_for
 from arlopti.config import ConfigError, RunConfig, TokenMethodConfig, validate_run
 from arlopti.config.schema import LossParamsConfig
 from arlopti.ops.tile_stats import TokenStats
@@ -44,11 +44,10 @@ def _grad(fn, logp):
 
 
 def _objective(lp, old, adv, mask, phase, cfg, entropy=None, dist=None, scale=None):
-    """grpo_objective as the learner calls it: the rival's inputs through shaping_for, the row count of
-    micro_batch_scale (SAPO's empty rows) where no scale is given."""
+    """grpo_objective as the learner calls it: the rival's inputs (and SAPO's own row count, used where no
+    scale is given) through shaping_for."""
     shaping = shaping_for(cfg, lp, old, adv, mask, phase, Forward(entropy, dist))
-    scale = micro_batch_scale(cfg, LossScale(scale), mask, phase, lp.dtype)
-    return grpo_objective(lp, old, adv, mask, phase, cfg, entropy=entropy, scale=scale, shaping=shaping)
+    return grpo_objective(lp, old, adv, mask, phase, cfg, entropy=entropy, scale=LossScale(scale), shaping=shaping)
 
 
 def _ours(name, clip=(0.2, 0.2), dual=None, extras=None):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from arlopti.plugins.buckets import BUCKET_NAMES
-from arlopti.plugins.staleness import (StalenessError, check_staleness_bound, lopti_flip_counts,
-                                       lopti_flip_fraction, sample_staleness, staleness_metrics)
+from arlopti.plugins.staleness import (StalenessError, check_staleness_bound, low_prob_flip_counts,
+                                       low_prob_flip_fraction, sample_staleness, staleness_metrics)
 
 
 def test_staleness_is_the_trained_version_minus_each_rows_version():
@@ -48,31 +48,31 @@ def test_a_sample_from_the_future_raises():
     assert issubclass(StalenessError, RuntimeError)
 
 
-def test_lopti_flip_fraction_by_bucket_of_p_old():
-    """eta = 0.5. Valid tokens (p_old -> p_behaviour): 0.2 -> 0.6 flips (bucket 0), 0.2 -> 0.3 stays
+def test_low_prob_flip_fraction_by_bucket_of_p_old():
+    """threshold = 0.5. Valid tokens (p_old -> p_behaviour): 0.2 -> 0.6 flips (bucket 0), 0.2 -> 0.3 stays
     (bucket 0), 0.6 -> 0.4 flips (bucket 2), 0.9 -> 0.8 stays (bucket 3), 0.45 -> 0.55 flips
     (bucket 1); a padded position (p_old 0.9, p_beh 0.1) would flip but is not read."""
     old = torch.tensor([[0.2, 0.2, 0.6], [0.9, 0.45, 0.9]]).log()
     beh = torch.tensor([[0.6, 0.3, 0.4], [0.8, 0.55, 0.1]]).log()
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    flips, tokens = lopti_flip_counts(beh, old, mask, eta=0.5)
+    flips, tokens = low_prob_flip_counts(beh, old, mask, threshold=0.5)
     assert flips.tolist() == [1.0, 1.0, 1.0, 0.0] and tokens.tolist() == [2.0, 1.0, 1.0, 1.0]
-    out = lopti_flip_fraction(beh, old, mask, eta=0.5)
+    out = low_prob_flip_fraction(beh, old, mask, threshold=0.5)
     b0, b1, b2, b3 = BUCKET_NAMES
-    assert out == {f"async/lopti_flip_frac/{b0}": 0.5, f"async/lopti_flip_frac/{b1}": 1.0,
-                   f"async/lopti_flip_frac/{b2}": 1.0, f"async/lopti_flip_frac/{b3}": 0.0,
-                   "async/lopti_flip_frac/all": 0.6}
+    assert out == {f"async/low_prob_flip_frac/{b0}": 0.5, f"async/low_prob_flip_frac/{b1}": 1.0,
+                   f"async/low_prob_flip_frac/{b2}": 1.0, f"async/low_prob_flip_frac/{b3}": 0.0,
+                   "async/low_prob_flip_frac/all": 0.6}
 
 
 def test_an_empty_bucket_is_left_out_never_nan():
     old = torch.tensor([[0.9, 0.95]]).log()
     beh = torch.tensor([[0.3, 0.95]]).log()
-    out = lopti_flip_fraction(beh, old, torch.ones(1, 2), eta=0.5)
-    assert out == {f"async/lopti_flip_frac/{BUCKET_NAMES[3]}": 0.5, "async/lopti_flip_frac/all": 0.5}
-    assert lopti_flip_fraction(beh, old, torch.zeros(1, 2), eta=0.5) == {}
+    out = low_prob_flip_fraction(beh, old, torch.ones(1, 2), threshold=0.5)
+    assert out == {f"async/low_prob_flip_frac/{BUCKET_NAMES[3]}": 0.5, "async/low_prob_flip_frac/all": 0.5}
+    assert low_prob_flip_fraction(beh, old, torch.zeros(1, 2), threshold=0.5) == {}
     assert not any(math.isnan(v) for v in out.values())
 
 
 def test_flip_counts_refuse_shapes_that_differ():
     with pytest.raises(ValueError, match="must be the same"):
-        lopti_flip_counts(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 3), 0.5)
+        low_prob_flip_counts(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 3), 0.5)

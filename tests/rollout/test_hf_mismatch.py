@@ -57,8 +57,8 @@ def rollout(policy, tok, sampling: SamplingConfig):
 
 
 def test_hf_engine_logprobs_equal_the_trainers_in_fp32(policy_and_tok, capsys):
-    from arlopti.algorithms.mismatch import correction_weights
-    from arlopti.algorithms.buckets import BUCKET_NAMES
+    from arlopti.plugins.mismatch import correction_weights
+    from arlopti.plugins.buckets import BUCKET_NAMES
     from arlopti.config import RolloutCorrectionConfig
     from arlopti.learner.mismatch_metrics import add_mismatch_metrics
     from arlopti.learner.metric_set import MetricSet

@@ -211,7 +211,7 @@ def test_the_staleness_bound_holds_with_a_slow_and_a_fast_worker(tiny_tokenizer,
 
 
 def test_the_learner_refuses_a_sample_older_than_the_bound(tiny_tokenizer, worker_url, tmp_path, monkeypatch):
-    from arlopti.algorithms.staleness import StalenessError
+    from arlopti.plugins.staleness import StalenessError
     from arlopti.rollout import server_rollouts
 
     plan = server_rollouts.plan_step
@@ -230,7 +230,7 @@ def test_the_toy_task_is_learnt_at_staleness_2_with_the_correction(tiny_tokenize
     _, rec = train(tiny_tokenizer, run_config(2, worker_url, check_sync=False), 30, tmp_path)
     rewards = [s["metrics"]["reward/mean"] for s in rec.steps]
     assert rec.steps[-1]["metrics"]["async/staleness_max"] == 2
-    assert any(k.startswith("async/lopti_flip_frac") for k in rec.steps[-1]["metrics"])
+    assert any(k.startswith("async/low_prob_flip_frac") for k in rec.steps[-1]["metrics"])
     assert _gain(rewards) > MARGIN, rewards
 
 

@@ -146,7 +146,7 @@ def test_the_pilot_table_agrees_with_the_runs_own_logs(study):
 
 
 def test_the_mechanism_tables_agree_with_its_batch_files(study):
-    from arlopti.algorithms.buckets import BUCKET_NAMES
+    from arlopti.plugins.buckets import BUCKET_NAMES
     from arlopti.study.methods import default_methods
 
     out, data = study

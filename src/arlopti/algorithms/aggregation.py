@@ -8,14 +8,9 @@ least one valid token and ``T`` the padded response length:
 * ``seq-mean-token-sum``      Σ_b [Σ_t L·m] / S
 * ``seq-mean-token-sum-norm`` Σ_{b,t} L·m / (S · T)          (Dr. GRPO's constant normaliser)
 
-**Empty rows** (a response with no valid token: ``algorithm.dapo.mask_truncated`` masks a truncated
-one whole; a Lopti phase with ``normalize=phase`` can leave a row empty): ``empty_rows="skip"`` (the
-default) divides the seq-mean modes by S, the rows with a valid token (verl's ``agg_loss`` when it
-gets no ``global_batch_size``: its legacy FSDP actor, the default worker up to v0.7);
-``empty_rows="zero"`` by B, every row, an empty one counting as a zero row mean (TRL's GRPO/SAPO
-normaliser ``(...).mean()`` over the batch; verl's engine workers, the only ones since v0.8, pass
-``global_batch_size`` = the mini-batch's rows and do the same). With an empty row the two differ by
-the factor B/S, in loss and gradient. ``token-mean`` has no rows: both are the same there.
+A response with no valid token (e.g. a truncated one masked whole) does not count in S (verl's legacy
+FSDP actor). A method that counts it as a zero row mean passes its own ``scale``
+(:func:`arlopti.plugins.rival_losses.row_count`).
 
 ``scale`` overrides the denominator (Σ m for ``token-mean``; S otherwise). The learner uses it
 to normalise every micro-batch by the count of the whole mini-batch, summed over ranks, so the
@@ -25,6 +20,8 @@ constant does not change with each micro-batch's padding).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import Tensor
 
@@ -63,28 +60,40 @@ def _seq_mean_token_sum_norm(loss: Tensor, mask: Tensor, scale: float | None = N
     return (loss * mask).sum() / (denom * (mask.shape[-1] if horizon is None else horizon))
 
 
-#: How the seq-mean modes count a row with no valid token (module docstring).
-EMPTY_ROWS = ("skip", "zero")
+@dataclass(frozen=True)
+class LossScale:
+    """The learner's denominators (module docstring): ``value`` overrides the count (``scale``), ``horizon``
+    the length T of ``seq-mean-token-sum-norm``; None keeps the micro-batch's own."""
+
+    value: float | None = None
+    horizon: int | None = None
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """One reduction of per-token values: mode ``algorithm.loss_agg``, over ``mask`` (None: the caller's
+    response mask), with the denominators of :class:`LossScale`."""
+
+    mode: str
+    mask: Tensor | None = None
+    scale: LossScale = LossScale()
+
+    def __call__(self, values: Tensor, mask: Tensor | None = None) -> Tensor:
+        """:func:`aggregate` of ``values`` over :attr:`mask` (or ``mask`` where that is None)."""
+        return aggregate(values, mask if self.mask is None else self.mask, self.mode, scale=self.scale.value,
+                         horizon=self.scale.horizon)
 
 
 def aggregate(loss: Tensor, mask: Tensor, agg: str = "token-mean", scale: float | None = None,
-              horizon: int | None = None, empty_rows: str = "skip") -> Tensor:
-    """Reduce ``loss [B, T]`` with ``mask [B, T]`` according to ``agg`` (module docstring); without
-    ``scale`` the denominator is :func:`normaliser`'s."""
-    fn = LOSS_AGGREGATIONS.get(agg)
-    if scale is None and empty_rows != "skip":
-        scale = normaliser(mask, agg, empty_rows)
-    return fn(loss, mask.to(loss.dtype), scale=scale, horizon=horizon)
+              horizon: int | None = None) -> Tensor:
+    """Reduce ``loss [B, T]`` with ``mask [B, T]`` according to ``agg`` (module docstring)."""
+    return LOSS_AGGREGATIONS.get(agg)(loss, mask.to(loss.dtype), scale=scale, horizon=horizon)
 
 
-def normaliser(mask: Tensor, agg: str, empty_rows: str = "skip") -> float:
+def normaliser(mask: Tensor, agg: str) -> float:
     """The denominator of ``agg`` over ``mask [B, T]``: its valid tokens (``token-mean``), else its rows
-    with a valid token, S (``empty_rows="skip"``), or all its rows, B (``"zero"``)."""
+    with a valid token, S."""
     LOSS_AGGREGATIONS.get(agg)  # validates the name
-    if empty_rows not in EMPTY_ROWS:
-        raise ValueError(f"empty_rows={empty_rows!r}: use one of {', '.join(EMPTY_ROWS)}")
     if agg == "token-mean":
         return float(mask.sum())
-    if empty_rows == "zero":
-        return float(mask.shape[0])
     return float((mask.sum(-1) > 0).sum())

@@ -2,14 +2,9 @@
 
 Every loss maps ``(logπ_θ, logπ_old, A, response_mask, ε_low, ε_high, dual_clip)`` to an
 unreduced per-token loss ``[B, T]``, reduced afterwards by :mod:`.aggregation`. With
-ρ_t = exp(logπ_θ,t − logπ_old,t), the log-ratio clamped to [−20, 20]. The clamp is a guard against
-overflow, but it **changes values** where a token's |logπ_θ − logπ_old| > 20, i.e. ρ > e^20 ≈ 4.85e8
-or ρ < e^−20 ≈ 2.06e−9: there ρ is held at the bound and the token gets no gradient through it.
-verl's ``compute_policy_loss_vanilla`` clamps its PPO log-ratio the same way; its
-``compute_policy_loss_gspo`` does not clamp tokens (only log s_i,t above at 10). Under ``gspo``
-ours acts on each token *before* the sequence mean, so one extreme token moves s_i:
-token log-ratios [25, −10] give s_i = e^((20 − 10)/2) = e^5 ≈ 148.4 here and e^7.5 ≈ 1808 in verl
-(tests/algorithms/test_algorithm_docs.py).
+ρ_t = exp(logπ_θ,t − logπ_old,t), the log-ratio clamped to [−20, 20] against overflow (as verl's
+``compute_policy_loss_vanilla``; where |logπ_θ − logπ_old| > 20 the token gets no gradient through ρ;
+docs/algorithms.md, "the ratio's log is clamped", says what that changes under ``gspo``).
 
 ``ppo_clip`` (the official code's loss, the default)::
 
@@ -39,58 +34,54 @@ token log-ratios [25, −10] give s_i = e^((20 − 10)/2) = e^5 ≈ 148.4 here a
   clipped tokens get none). MiniMax-M1 sets no lower bound (ε_low = 1 here, ``algorithm=cispo``).
   No dual-clip.
 
-How AR and Lopti enter, for every loss: AR multiplies A_t by (α·p_old + 1 − α) before the loss;
-Lopti's phase zeroes A_t outside the phase's tokens (:mod:`.objective`), and every loss's gradient
-at token t is proportional to A_t (GSPO's sequence ratio is a stop-gradient constant), so the
-other phase's tokens get exactly zero gradient (tests/algorithms/test_policy_loss.py).
-
-``token_weight`` (a detached ``[B, T]`` factor, the rollout-mismatch correction of
-:mod:`.mismatch`) multiplies the per-token loss before aggregation; the normaliser is unchanged.
-
-The low-probability-token rivals (DPPO-TV/KL, SAPO, CE-GPPO, ASPO, SimKO) register from
-:mod:`.rival_losses`. Every loss takes ``extras`` (:class:`LossExtras`): what some of them read beyond
-the ratio — their settings (``algorithm.loss_params``) and the current forward's entropy and top-K
-log-probs (SimKO); the three losses here read none of it.
+AR multiplies A_t by (α·p_old + 1 − α) before the loss; Lopti's phase zeroes A_t outside the phase's
+tokens, and every loss's gradient at token t is proportional to A_t (GSPO's sequence ratio is a
+stop-gradient constant), so the other phase's tokens get exactly zero gradient. Other methods register
+further losses with the same signature (:mod:`arlopti.plugins`); ``extras`` is what such a loss reads
+beyond the ratio, opaque here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.aggregation import aggregate
+from arlopti.algorithms.aggregation import Aggregation
 from arlopti.config.registries import POLICY_LOSSES
 from arlopti.config import AlgorithmConfig
 from arlopti.config import rules as config_rules
 from arlopti.config.check import check_setting
-from arlopti.config.schema import LossParamsConfig
+
+
+#: The losses of this module; the others are registered above the core and read a shaping's ``extras``.
+CORE_LOSSES = ("ppo_clip", "gspo", "cispo")
 
 
 @dataclass(frozen=True)
-class LossExtras:
-    """What a loss may read beyond the ratio and the clip (module docstring): its settings, the current
-    forward's per-token entropy ``[B, T]`` and top-K log-probs ``[B, T, K]`` (with gradient), and the
-    rollout engine's log-probs of the sampled tokens ``[B, T]`` (DPPO's engine anchor)."""
+class Clip:
+    """PPO's bounds: ratio ∈ [1 − ``low``, 1 + ``high``] (floats, or per-token ``[B, T]`` tensors) and the
+    dual-clip ``dual`` (None: off); ``algorithm.clip_low``, ``clip_high`` and ``dual_clip``."""
 
-    params: LossParamsConfig = field(default_factory=LossParamsConfig)
-    entropy: Tensor | None = None
-    top_log_probs: Tensor | None = None
-    behaviour_log_probs: Tensor | None = None
+    low: float | Tensor
+    high: float | Tensor
+    dual: float | None = None
 
 
-def _token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
+def token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
+    """logπ_θ − sg[logπ_old], clamped to [−20, 20] (module docstring)."""
     return (log_probs - old_log_probs.detach()).clamp(-20.0, 20.0)
 
 
 @POLICY_LOSSES.register("ppo_clip")
 def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None,
                   clip_low: float | Tensor, clip_high: float | Tensor,
-                  dual_clip: float | None, *, extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                  dual_clip: float | None, *, extras: Any = None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip with clip-higher and dual-clip (module docstring). Returns the loss ``[B, T]`` and
     boolean maps of which clip was active, the ratio and the log-ratio."""
-    log_ratio = _token_log_ratio(log_probs, old_log_probs)
+    log_ratio = token_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     l1 = -advantages * ratio
     l2 = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
@@ -99,67 +90,53 @@ def ppo_clip_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, 
     dual_active = torch.zeros_like(neg)
     if dual_clip is not None:
         check_setting(AlgorithmConfig, "dual_clip", dual_clip, "algorithm")  # the schema's range: > 1
-        cap = -advantages * dual_clip
-        dual_active = neg & (loss > cap)
-        loss = torch.where(neg, torch.minimum(loss, cap), loss)
-    return loss, _indicators(advantages, ratio, log_ratio, clip_low, clip_high, dual_active)
+        bound = -advantages * dual_clip
+        dual_active = neg & (loss > bound)
+        loss = torch.where(neg, torch.minimum(loss, bound), loss)
+    return loss, indicators(advantages, ratio, log_ratio, clip_low, clip_high, dual_active)
 
 
 @POLICY_LOSSES.register("gspo")
 def gspo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
               clip_low: float | Tensor, clip_high: float | Tensor,
-              dual_clip: float | None, *, extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+              dual_clip: float | None, *, extras: Any = None) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO-token (module docstring). ``ratio`` in the indicators is the sequence ratio s_i."""
-    _no_dual_clip("gspo", dual_clip)
+    no_dual_clip("gspo", dual_clip)
     mask = response_mask.to(log_probs.dtype)
-    log_ratio = _token_log_ratio(log_probs, old_log_probs)
+    log_ratio = token_log_ratio(log_probs, old_log_probs)
     seq_log_ratio = (log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     log_s = (log_probs - log_probs.detach() + seq_log_ratio.detach().unsqueeze(-1)).clamp(max=10.0)
     s = torch.exp(log_s)
     loss = torch.maximum(-advantages * s, -advantages * torch.clamp(s, 1.0 - clip_low, 1.0 + clip_high))
     seq = s.detach()
-    return loss, _indicators(advantages, seq, log_ratio, clip_low, clip_high, torch.zeros_like(advantages < 0))
+    return loss, indicators(advantages, seq, log_ratio, clip_low, clip_high, torch.zeros_like(advantages < 0))
 
 
 @POLICY_LOSSES.register("cispo")
 def cispo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor | None,
                clip_low: float | Tensor, clip_high: float | Tensor,
-               dual_clip: float | None, *, extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+               dual_clip: float | None, *, extras: Any = None) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (module docstring): the clipped importance weight, detached, times A times logπ."""
-    _no_dual_clip("cispo", dual_clip)
-    log_ratio = _token_log_ratio(log_probs, old_log_probs)
+    no_dual_clip("cispo", dual_clip)
+    log_ratio = token_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)
     weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high).detach()
     loss = -weight * advantages * log_probs
-    ind = _indicators(advantages, ratio.detach(), log_ratio, clip_low, clip_high, torch.zeros_like(advantages < 0))
+    ind = indicators(advantages, ratio.detach(), log_ratio, clip_low, clip_high, torch.zeros_like(advantages < 0))
     # CISPO clips the weight whatever the sign of A
     ind["clip_high"] = ratio.detach() > 1.0 + clip_high
     ind["clip_low"] = ratio.detach() < 1.0 - clip_low
     return loss, ind
 
 
-def _no_dual_clip(name: str, dual_clip: float | None) -> None:
-    config_rules.check_dual_clip(name, dual_clip)  # the config's rule itself, not a copy
-
-
 def no_dual_clip(name: str, dual_clip: float | None) -> None:
-    """The config's rule that ``name`` takes no dual-clip (for :mod:`.rival_losses`)."""
-    _no_dual_clip(name, dual_clip)
-
-
-def token_log_ratio(log_probs: Tensor, old_log_probs: Tensor) -> Tensor:
-    """logπ_θ − sg[logπ_old], clamped to [−20, 20] (module docstring), for :mod:`.rival_losses`."""
-    return _token_log_ratio(log_probs, old_log_probs)
+    """The config's rule that loss ``name`` takes no dual-clip (the rule itself, not a copy)."""
+    config_rules.check_dual_clip(name, dual_clip)
 
 
 def indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, clip_high,
                dual_active: Tensor) -> dict[str, Tensor]:
-    """The indicator maps every loss returns (PPO's clip conditions by default), for :mod:`.rival_losses`."""
-    return _indicators(advantages, ratio, log_ratio, clip_low, clip_high, dual_active)
-
-
-def _indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, clip_high,
-                dual_active: Tensor) -> dict[str, Tensor]:
+    """The maps every loss returns: PPO's clip conditions (by default), the ratio and the log-ratio."""
     return {
         "clip_high": (advantages > 0) & (ratio > 1.0 + clip_high),
         "clip_low": (advantages < 0) & (ratio < 1.0 - clip_low),
@@ -172,7 +149,7 @@ def _indicators(advantages: Tensor, ratio: Tensor, log_ratio: Tensor, clip_low, 
 def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor,
                           clip_low: float | Tensor, clip_high: float | Tensor, dual_clip: float | None, *,
                           name: str, response_mask: Tensor | None = None,
-                          extras: LossExtras | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                          extras: Any = None) -> tuple[Tensor, dict[str, Tensor]]:
     """The unreduced loss ``[B, T]`` of policy loss ``name`` and its indicator maps. The settings
     are ``algorithm.*``'s values (no defaults here: they exist once, in the schema)."""
     if response_mask is None:
@@ -181,38 +158,29 @@ def per_token_policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: 
                                    dual_clip, extras=extras)
 
 
-def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor,
-                clip_low: float | Tensor, clip_high: float | Tensor, dual_clip: float | None,
-                agg: str, scale: float | None = None, horizon: int | None = None,
-                metrics_mask: Tensor | None = None, with_token_loss: bool = False, *, name: str,
-                token_weight: Tensor | None = None, ratio_mask: Tensor | None = None,
-                extras: LossExtras | None = None) -> tuple[Tensor, dict[str, float]]:
-    """Aggregated loss ``name`` (module docstring) and its metrics.
+def policy_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor, clip: Clip,
+                agg: Aggregation, *, name: str, metrics_mask: Tensor | None = None, token_weight: Tensor | None = None,
+                extras: Any = None) -> tuple[Tensor, dict[str, float]]:
+    """Loss ``name`` (``algorithm.policy_loss``, module docstring) reduced by ``agg``, and its metrics.
 
-    ``clip_low``, ``clip_high``, ``dual_clip``, ``agg`` and ``name`` are ``algorithm.clip_low``,
-    ``clip_high``, ``dual_clip``, ``loss_agg`` and ``policy_loss`` (no defaults here: the schema's,
-    :class:`arlopti.config.AlgorithmConfig`, are the only ones).
-
-    ``response_mask`` is the aggregation's mask (and its normaliser); ``ratio_mask`` (default: the
-    same) the tokens GSPO's sequence ratio averages over (a response's valid tokens).
-    ``metrics_mask`` (default: ``response_mask``) selects the tokens the metrics describe,
-    e.g. one Lopti phase's tokens while the loss is still normalised by all tokens.
-    ``token_weight`` multiplies the per-token loss (rollout correction); ``extras``: :class:`LossExtras`.
-    Metrics: ``clip_frac_low``, ``clip_frac_high``, ``clip_frac_dual`` (fractions of those tokens
-    where each clip is active), ``approx_kl`` (mean of logπ_old − logπ, the k1 estimate of
-    KL(π_old‖π_θ)), ``ratio_mean``, ``ratio_max``, ``ratio_min``, ``tokens`` (how many tokens they
-    describe); with ``with_token_loss`` also ``pg_loss``, the mean per-token loss over those tokens.
+    ``response_mask``: a response's valid tokens (what GSPO's sequence ratio averages over, and what
+    ``agg`` divides over unless its own mask is set, e.g. one Lopti phase's tokens under
+    ``normalize=phase``). ``metrics_mask`` (default: ``response_mask``) selects the tokens the metrics
+    describe, e.g. one Lopti phase's tokens while the loss is still normalised by all tokens.
+    ``token_weight`` multiplies the per-token loss. Metrics: ``clip_frac_low``, ``clip_frac_high``,
+    ``clip_frac_dual`` (fractions of those tokens where each clip is active), ``approx_kl`` (mean of
+    logπ_old − logπ, the k1 estimate of KL(π_old‖π_θ)), ``ratio_mean``, ``ratio_max``, ``ratio_min``,
+    ``tokens`` (how many tokens they describe) and ``pg_loss``, the mean per-token loss over them.
     """
-    loss_tok, ind = per_token_policy_loss(log_probs, old_log_probs, advantages, clip_low, clip_high, dual_clip,
-                                          name=name, response_mask=response_mask if ratio_mask is None else ratio_mask,
-                                          extras=extras)
+    loss_tok, ind = per_token_policy_loss(log_probs, old_log_probs, advantages, clip.low, clip.high, clip.dual,
+                                          name=name, response_mask=response_mask, extras=extras)
     if token_weight is not None:
         loss_tok = loss_tok * token_weight.detach()
-    loss = aggregate(loss_tok, response_mask, agg, scale=scale, horizon=horizon)
-    return loss, _metrics(loss_tok, ind, response_mask if metrics_mask is None else metrics_mask, with_token_loss)
+    loss = agg(loss_tok, response_mask)
+    return loss, _metrics(loss_tok, ind, response_mask if metrics_mask is None else metrics_mask)
 
 
-def _metrics(loss_tok: Tensor, ind: dict[str, Tensor], mask: Tensor, with_token_loss: bool) -> dict[str, float]:
+def _metrics(loss_tok: Tensor, ind: dict[str, Tensor], mask: Tensor) -> dict[str, float]:
     mm = mask.bool()
     n = mm.sum().clamp(min=1)
     with torch.no_grad():
@@ -226,7 +194,6 @@ def _metrics(loss_tok: Tensor, ind: dict[str, Tensor], mask: Tensor, with_token_
             "ratio_max": float(ratio[mm].max()) if mm.any() else 1.0,
             "ratio_min": float(ratio[mm].min()) if mm.any() else 1.0,
             "tokens": float(mm.sum()),
+            "pg_loss": float((loss_tok * mm).sum() / n),
         }
-        if with_token_loss:
-            metrics["pg_loss"] = float((loss_tok * mm).sum() / n)
     return metrics

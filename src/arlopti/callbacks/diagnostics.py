@@ -2,7 +2,7 @@
 
 Read from ``pl_module.last_step_context`` in ``on_train_batch_end`` (the step's update is done).
 With ``p = exp(old_log_probs)`` (rollout-time, at the rollout temperature) and the buckets of
-:mod:`arlopti.algorithms.buckets` (the sums and fractions are the pure functions of
+:mod:`arlopti.plugins.buckets` (the sums and fractions are the pure functions of
 :mod:`arlopti.learner.diagnostics`), every ``every_n_steps`` rollout steps it logs
 
 * ``diag/bucket_frac/<b>``: fraction of the valid response tokens in bucket b (sums to 1);
@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from arlopti.callbacks.cadence import check_every, due
-from arlopti.algorithms.buckets import update_direction_counts
+from arlopti.plugins.buckets import update_direction_counts
 from arlopti.learner.diagnostics import (HIST_BINS, DiagnosticSums, finite_tokens, metrics_from_sums,
                                           post_update_log_probs, prob_range, step_sums)
 

@@ -11,7 +11,7 @@ rewards each episode's final answer (``Episode.text``), plus the environment's r
 episode (``task.env``: :func:`arlopti.rollout.turns.with_env_rewards`, the component ``env_reward``;
 the turn loop itself runs inside the source, :mod:`arlopti.rollout.turns`), plus DAPO's overlong
 shaping when ``algorithm.dapo.overlong_buffer > 0``:
-:func:`arlopti.algorithms.dapo.overlong_penalty`, with ``L_max = rollout.max_new_tokens`` and lengths in
+:func:`arlopti.plugins.dapo.overlong_penalty`, with ``L_max = rollout.max_new_tokens`` and lengths in
 the episode's sampled tokens, logged as the reward component ``overlong_penalty``); (4) with
 ``algorithm.dapo.dynamic_sampling`` keeps only the groups that carry signal, collecting more prompts
 until enough do (below); (5) **experience**: attaches an :class:`~arlopti.learner.experience.Experience`
@@ -23,8 +23,8 @@ Seeds: :mod:`arlopti.rollout.seeds` (the step's round seed from ``rollout.seed``
 rank and the round; one seed per response from it), applied by the source's
 :class:`~arlopti.rollout.source.SamplingPlan`.
 
-Dynamic sampling (DAPO §3.2; :mod:`arlopti.algorithms.dapo`, run by
-:mod:`arlopti.algorithms.dynamic_sampling`), exact under data parallelism:
+Dynamic sampling (DAPO §3.2; :mod:`arlopti.plugins.dapo`, run by
+:mod:`arlopti.plugins.dynamic_sampling`), exact under data parallelism:
 
 * round 0 is the step's batch; round ``k >= 1`` is ``P`` more prompts over all ranks from
   :meth:`arlopti.data.prompt_datamodule.PromptDataModule.extra_batch` (a pure function of the
@@ -41,7 +41,7 @@ Dynamic sampling (DAPO §3.2; :mod:`arlopti.algorithms.dapo`, run by
   tests/distributed/test_dynamic_sampling.py), and every rank holds the same number of groups;
 * fewer than ``P`` after the last round: train on those (fewer rows, so the last mini-batch may
   be smaller); none (or fewer than the world size): train on round 0's groups unfiltered, logged
-  as ``dapo/no_signal_fallback`` (:func:`arlopti.algorithms.dapo.select_groups` says why).
+  as ``dapo/no_signal_fallback`` (:func:`arlopti.plugins.dapo.select_groups` says why).
 
 Logged every step (``Experience.sampling_stats`` → ``dapo/*``, docs/metrics.md): the generation
 rounds, the groups generated, the kept fraction (groups with signal / groups generated) and the
@@ -58,8 +58,8 @@ from dataclasses import dataclass, replace
 import lightning.pytorch as L
 import torch
 
-from arlopti.algorithms.dapo import overlong_penalty
-from arlopti.algorithms.dynamic_sampling import dynamic_sampling
+from arlopti.plugins.dapo import overlong_penalty
+from arlopti.plugins.dynamic_sampling import dynamic_sampling
 from arlopti.callbacks.progress import planned_steps
 from arlopti.config import check_rollout_offload
 from arlopti.learner.experience import build_experience
@@ -88,7 +88,7 @@ class Group:
 def shape_overlong(results: list[RewardResult], lengths: list[int], max_len: int, buffer: int,
                    factor: float) -> list[RewardResult]:
     """The results with DAPO's overlong penalty added to each reward and recorded as the component
-    ``overlong_penalty`` (:func:`arlopti.algorithms.dapo.overlong_penalty`)."""
+    ``overlong_penalty`` (:func:`arlopti.plugins.dapo.overlong_penalty`)."""
     pen = overlong_penalty(torch.tensor(lengths), max_len, buffer, factor).tolist()
     return [replace(r, reward=r.reward + p, components={**r.components, "overlong_penalty": p})
             for r, p in zip(results, pen)]
@@ -297,7 +297,7 @@ class RolloutCallback(L.Callback):
     def dynamic_sampling(self, trainer, pl_module, batch, first: list[Group], timings: dict[str, float]
                          ) -> tuple[list[Group], dict[str, float]]:
         """Rounds, selection and redistribution (module docstring;
-        :func:`arlopti.algorithms.dynamic_sampling.dynamic_sampling`): round ``k >= 1`` collects and
+        :func:`arlopti.plugins.dynamic_sampling.dynamic_sampling`): round ``k >= 1`` collects and
         scores the datamodule's ``extra_batch`` with its own seed. Returns this rank's groups to train
         on and its ``sampling_stats``. Collective when distributed."""
         dm = prompt_datamodule_of(trainer, "algorithm.dapo.dynamic_sampling=true draws extra prompts from it")

@@ -42,7 +42,7 @@ def check_rollout_offload(backend: str, cpu_offload: bool) -> None:
 def check_mis_bounds(mis_low: float, mis_high: float) -> None:
     """MIS keeps a token whose ratio w lies in ``[mis_low, mis_high]``; the band must be a real
     interval of ratios: ``0 <= mis_low < mis_high``. The config (mode ``mis``) and
-    :func:`arlopti.algorithms.mismatch.correction_weights` both call this."""
+    :func:`arlopti.plugins.mismatch.correction_weights` both call this."""
     _require(0 <= mis_low < mis_high,
              f"algorithm.rollout_correction.mis_low={mis_low} must be >= 0 and below mis_high={mis_high}: "
              "set 0 <= mis_low < mis_high")
@@ -51,7 +51,7 @@ def check_mis_bounds(mis_low: float, mis_high: float) -> None:
 def check_overlong_buffer(buffer: int, max_new_tokens: int) -> None:
     """DAPO's overlong shaping ramps over the last ``buffer`` tokens before ``max_new_tokens``, so the
     buffer may be at most that length (equal: the ramp starts at length 0, as verl allows). The
-    config and :func:`arlopti.algorithms.dapo.overlong_penalty` both call this."""
+    config and :func:`arlopti.plugins.dapo.overlong_penalty` both call this."""
     _require(buffer <= max_new_tokens,
              f"algorithm.dapo.overlong_buffer={buffer} exceeds rollout.max_new_tokens={max_new_tokens}: "
              "every response would be penalised; use a buffer <= the maximum length")
@@ -230,7 +230,7 @@ def check_dppo_anchor(policy_loss: str, anchor: str, return_logprobs: bool) -> N
 
 def check_dual_clip(policy_loss: str, dual_clip: float | None) -> None:
     """GSPO, CISPO, SAPO and SimKO take no dual-clip. The config and those losses
-    (:mod:`arlopti.algorithms.policy_loss`, :mod:`arlopti.algorithms.rival_losses`) both call this."""
+    (:mod:`arlopti.algorithms.policy_loss`, :mod:`arlopti.plugins.rival_losses`) both call this."""
     if policy_loss in _NO_DUAL_CLIP:
         _require(dual_clip is None, f"algorithm.dual_clip={dual_clip}: algorithm.policy_loss={policy_loss} has "
                  f"no dual-clip; set algorithm.dual_clip=null (algorithm={policy_loss} sets it)")
@@ -300,7 +300,7 @@ def _validate_correction(rc: RolloutCorrectionConfig, r: RolloutConfig) -> None:
 
 
 def _validate_token_method(a: AlgorithmConfig) -> None:
-    """Token methods that cannot compose with the rest (arlopti.algorithms.token_methods' docstring)."""
+    """Token methods that cannot compose with the rest (arlopti.plugins.token_methods' docstring)."""
     tm = a.token_method
     key = f"algorithm.token_method.name={tm.name}"
     if tm.name == "top_entropy":

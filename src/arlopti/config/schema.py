@@ -64,7 +64,7 @@ def config_key(f: dataclasses.Field) -> str:
     return f.metadata.get("key", f.name)
 
 
-def _registry(name: str, filled_by: str = "arlopti.algorithms", notes: bool = False) -> Callable[[], Any]:
+def _registry(name: str, filled_by: str = "arlopti.plugins", notes: bool = False) -> Callable[[], Any]:
     """``choices`` read, when checked, from the registry ``name`` of :mod:`arlopti.config.registries`
     that importing ``filled_by`` fills: its names, or with ``notes`` name -> note (the first line of
     the registered function's docstring, in registration order)."""
@@ -133,14 +133,14 @@ class DapoConfig:
 @dataclass
 class RolloutCorrectionConfig:
     """Correction of the rollout/trainer mismatch: the engine sampled with pi_engine, the trainer's
-    logp_old is pi_trainer (arlopti.algorithms.mismatch). Needs the engine's log-probs
+    logp_old is pi_trainer (arlopti.plugins.mismatch). Needs the engine's log-probs
     (rollout.return_logprobs=true)."""
 
     mode: str = setting(
         "auto", "how the engine/trainer ratio w = pi_trainer / pi_engine enters the policy loss",
         choices=lambda: {"auto": "tis when rollout.placement=server and rollout.async.max_staleness > 0, else none "
                                  "(arlopti.config.rules.effective_correction_mode)",
-                         **_registry("ROLLOUT_CORRECTIONS", "arlopti.algorithms.mismatch", notes=True)()})
+                         **_registry("ROLLOUT_CORRECTIONS", "arlopti.plugins.mismatch", notes=True)()})
     cap: float = setting(2.0, "TIS / sequence-level TIS: the truncation C of the weight", range="(0, inf)")
     mis_low: float = setting(0.5, "MIS: lowest kept ratio", range="[0, inf)")
     mis_high: float = setting(2.0, "MIS: highest kept ratio", range="(0, inf)")
@@ -148,7 +148,7 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class TokenMethodConfig:
-    """A token-level method on top of the estimator, AR and Lopti (arlopti.algorithms.token_methods;
+    """A token-level method on top of the estimator, AR and Lopti (arlopti.plugins.token_methods;
     docs/algorithms.md lists each rule, its source and what composes). `experiment=kk_<method>` sets one."""
 
     name: str = setting(
@@ -193,7 +193,7 @@ class TokenMethodConfig:
 
 @dataclass
 class LossParamsConfig:
-    """Settings of the policy losses beyond the PPO clip (arlopti.algorithms.rival_losses; docs/algorithms.md),
+    """Settings of the policy losses beyond the PPO clip (arlopti.plugins.rival_losses; docs/algorithms.md),
     each read only by the loss its name starts with. The losses also reuse algorithm.clip_low / clip_high
     (dppo_*: the divergence thresholds) and algorithm.dual_clip (dppo_*: the truncation of the detached
     ratio; aspo: the soft dual clip). `experiment=kk_<loss>` sets each loss's published values."""
@@ -280,6 +280,10 @@ class AlgorithmConfig:
     kl_estimator: str = setting("low_var_kl", "KL estimator of the KL loss", choices=_registry("KL_ESTIMATORS"))
     entropy_coef: float = setting(0.0, "entropy bonus coefficient (entropy is always logged)")
     ppo_epochs: int = setting(1, "passes over each rollout batch", range="[1, inf)")
+    low_prob_threshold: float = setting(
+        0.5, "p_old below which the step's metrics count a token as low-probability (turns/*/low_prob_frac, "
+             "async/low_prob_flip_frac/*), whether or not Lopti is on; a diagnostic only: Lopti splits at lopti.eta",
+        range="(0, 1)")
     max_consecutive_skips: int = setting(5, "abort after this many non-finite optimizer steps in a row",
                                          range="[1, inf)")
     #: Removed (not a field, not in YAML): accepted from old Python callers only, and only when it

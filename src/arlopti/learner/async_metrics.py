@@ -8,7 +8,7 @@ weights untouched. Each value is declared with the kind that makes its rank redu
 
 * ``async/staleness_mean`` and ``async/staleness_frac/<s>``: ``mean`` weighted by the rank's samples;
 * ``async/staleness_max``: ``max``;
-* ``async/lopti_flip_frac/<b>``: ``mean`` weighted by the rank's valid tokens in bucket ``<b>``, and
+* ``async/low_prob_flip_frac/<b>``: ``mean`` weighted by the rank's valid tokens in bucket ``<b>``, and
   ``.../all`` by all its valid tokens; a bucket with no token on this rank adds nothing;
 * the rollout workers' side (``Experience.async_stats``: the trainer's wait, the workers' idle time,
   queue depth, sync and generation time, restarts, the batch's version, each worker's tokens/s):
@@ -19,22 +19,22 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from arlopti.algorithms.buckets import BUCKET_NAMES
-from arlopti.algorithms.staleness import (PREFIX, check_staleness_bound, lopti_flip_counts, sample_staleness,
+from arlopti.plugins.buckets import BUCKET_NAMES
+from arlopti.plugins.staleness import (PREFIX, check_staleness_bound, low_prob_flip_counts, sample_staleness,
                                           staleness_metrics)
 from arlopti.learner.experience import Experience
 from arlopti.learner.metric_set import MetricSet
 
 
 def add_async_metrics(metrics: MetricSet, exp: Experience, old_log_probs: Tensor, trained_version: int,
-                      max_staleness: int, eta: float) -> None:
+                      max_staleness: int, threshold: float) -> None:
     """Check and describe this rank's samples, if they carry policy versions (else nothing).
 
     ``trained_version``: the policy version being trained (``rollout_step`` before the step counts
-    itself). Raises :class:`~arlopti.algorithms.staleness.StalenessError` for a sample with
-    staleness outside ``[0, max_staleness]``. With the engine's log-probs, adds the Lopti flip
-    fractions at ``eta`` (``algorithm.lopti.eta``, whether or not Lopti is on: what the split would
-    see)."""
+    itself). Raises :class:`~arlopti.plugins.staleness.StalenessError` for a sample with
+    staleness outside ``[0, max_staleness]``. With the engine's log-probs, adds the flip fractions at
+    ``threshold`` (``algorithm.low_prob_threshold``, a diagnostic whether or not Lopti is on: the share of
+    tokens on the other side of the threshold under π_old than under the engine's policy)."""
     for key, value in exp.async_stats.items():
         metrics.add(f"{PREFIX}/{key}", float(value), "max")
     if exp.policy_versions is None:
@@ -46,14 +46,14 @@ def add_async_metrics(metrics: MetricSet, exp: Experience, old_log_probs: Tensor
         kind = "max" if key == f"{PREFIX}/staleness_max" else "mean"
         metrics.add(key, value, kind, weight=n if kind == "mean" else 1.0)
     if exp.engine_logprobs is not None:
-        _add_flip_fractions(metrics, exp.engine_logprobs, old_log_probs, exp.response_mask, eta)
+        _add_flip_fractions(metrics, exp.engine_logprobs, old_log_probs, exp.response_mask, threshold)
 
 
-def _add_flip_fractions(metrics: MetricSet, behaviour: Tensor, old: Tensor, mask: Tensor, eta: float) -> None:
-    flips, tokens = lopti_flip_counts(behaviour, old, mask, eta)
+def _add_flip_fractions(metrics: MetricSet, behaviour: Tensor, old: Tensor, mask: Tensor, threshold: float) -> None:
+    flips, tokens = low_prob_flip_counts(behaviour, old, mask, threshold)
     for b, name in enumerate(BUCKET_NAMES):
         if tokens[b] > 0:
-            metrics.add(f"{PREFIX}/lopti_flip_frac/{name}", float(flips[b] / tokens[b]), weight=float(tokens[b]))
+            metrics.add(f"{PREFIX}/low_prob_flip_frac/{name}", float(flips[b] / tokens[b]), weight=float(tokens[b]))
     total = float(tokens.sum())
     if total > 0:
-        metrics.add(f"{PREFIX}/lopti_flip_frac/all", float(flips.sum()) / total, weight=total)
+        metrics.add(f"{PREFIX}/low_prob_flip_frac/all", float(flips.sum()) / total, weight=total)

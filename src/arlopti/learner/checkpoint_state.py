@@ -16,7 +16,7 @@ def learner_state(rollout_step: int, weight_version: int, guard_state: dict, wor
     """``checkpoint["arlopti"]`` (collective when ``world_size > 1``: every rank's RNG state). A LoRA
     checkpoint holds only the adapter: ``lora_base`` names the base model it belongs to.
     ``policy_version``: the version of the saved weights in the staleness bookkeeping
-    (:mod:`arlopti.algorithms.staleness`: training steps done, = ``rollout_step``), stated explicitly
+    (:mod:`arlopti.plugins.staleness`: training steps done, = ``rollout_step``), stated explicitly
     so that rollout workers resumed from it stamp their samples consistently."""
     state = {"rollout_step": rollout_step, "policy_version": rollout_step, "weight_version": weight_version,
              **guard_state,

@@ -2,7 +2,7 @@
 
 Pure tensor functions (no Lightning); :class:`arlopti.callbacks.diagnostics.TokenDiagnosticsCallback`
 decides when to compute them, adds them over ranks and logs them (its module docstring lists the
-tags). With ``p = exp(old_log_probs)`` and the buckets of :mod:`arlopti.algorithms.buckets`:
+tags). With ``p = exp(old_log_probs)`` and the buckets of :mod:`arlopti.plugins.buckets`:
 
 * :func:`step_sums`: the cheap per-bucket sums of one step (token counts, gradient mass
   Σ_t |A_t|·(1 − p_t) with the advantages after and before AR, AR weights, Lopti phase mass, the
@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from arlopti.algorithms import ar_weights
-from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_counts, bucket_sums, grad_mass, prob_bin_counts
+from arlopti.plugins.buckets import BUCKET_NAMES, bucket_counts, bucket_sums, grad_mass, prob_bin_counts
 
 HIST_BINS = 20
 

@@ -2,7 +2,7 @@
 
 :func:`add_mismatch_metrics` takes one rank's ``logπ_old`` (the learner's), the engine's sampling
 log-probs (``Experience.engine_logprobs``) and the response mask, computes
-:func:`arlopti.algorithms.mismatch.mismatch_metrics`, and declares each value with the kind that
+:func:`arlopti.plugins.mismatch.mismatch_metrics`, and declares each value with the kind that
 makes its rank reduction exact:
 
 * ``mismatch/tokens`` and ``mismatch/tokens/<b>``: ``sum``;
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from arlopti.algorithms.mismatch import PREFIX, mismatch_metrics
+from arlopti.plugins.mismatch import PREFIX, mismatch_metrics
 from arlopti.learner.metric_set import MetricSet
 
 #: How each ``mismatch/<name>`` combines (``mean``, token-weighted, unless listed).

@@ -17,7 +17,7 @@ from outside a module's forward would see sharded parameters.
 
 Full-distribution statistics (``stats``, a :class:`~arlopti.ops.tile_stats.StatsRequest`: Σ p², the
 top-K log-probs, a min-p proxy) come out of the same fused pass as a third output, ``[B, R]`` each
-(``[B, R, K]`` for the top K); :mod:`arlopti.algorithms.forward_needs` says which a run needs.
+(``[B, R, K]`` for the top K); :mod:`arlopti.plugins.forward_needs` says which a run needs.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: s
     first of every row not in ``skip`` (zeros there), the second of all rows from ``ref``, or with
     ``lora_ref`` from ``policy`` with its LoRA adapters off, else None (β = 0). Zeros on padding.
     ``policy`` runs in eval mode and gets its mode back. With ``stats`` (the old policy's statistics
-    the advantages read, :func:`arlopti.algorithms.forward_needs.old_pass_stats`) a third element, their
+    the advantages read, :func:`arlopti.plugins.forward_needs.old_pass_stats`) a third element, their
     :class:`~arlopti.ops.tile_stats.TokenStats` ``[B, R]`` from the same pass (zeros on ``skip`` rows and
     padding)."""
     from arlopti.models.lora import adapters_disabled

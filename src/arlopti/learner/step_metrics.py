@@ -36,7 +36,7 @@ def add_objective_metrics(metrics: MetricSet, prefixes: list[str], values: Mappi
 
 def _add_effective_weight(metrics: MetricSet, prefix: str, key: str, value: float, values: Mapping[str, float]) -> None:
     """``effective_weight/<b>``: a mean weighted by its bucket's token count (the count itself is
-    not a tag); :func:`arlopti.algorithms.objective.effective_weights`."""
+    not a tag); :func:`arlopti.plugins.shaping.effective_weights`."""
     if key.startswith("effective_weight_tokens/"):
         return
     n = float(values.get("effective_weight_tokens/" + key.split("/", 1)[1], 0.0))
@@ -103,12 +103,12 @@ def padding_metrics(metrics: MetricSet, exp, micro_plan: Mapping[tuple, list[lis
 
 def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple, list[list[int]]],
                      timings: Mapping[str, float], *, reused: int, ar_alpha: float, lr: float, nonfinite_skips: int,
-                     optimizer_steps: int, eta: float) -> None:
+                     optimizer_steps: int, low_prob_threshold: float) -> None:
     """A rollout step's metrics beyond the objective's (docs/metrics.md): phases skipped as empty
-    (``targets``: :class:`~arlopti.learner.targets.Targets`), the rollout's statistics, the
+    (``targets``: :class:`~arlopti.algorithms.inputs.StepInputs`), the rollout's statistics, the
     engine/trainer mismatch (``rollout.return_logprobs``), padding, the share of logπ_old taken
-    from the first step's forward (``reused`` rows), timings and the optimizer's counters; ``eta``: the
-    run's ``algorithm.lopti.eta``, the turn metrics' low-probability threshold."""
+    from the first step's forward (``reused`` rows), timings and the optimizer's counters;
+    ``low_prob_threshold``: ``algorithm.low_prob_threshold``, the turn metrics' low-probability p_old."""
 
     if len(targets.phases) > 1:
         for name in targets.phases:
@@ -116,7 +116,7 @@ def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple
     rollout_metrics(metrics, exp, targets.old, list(targets.phases.values()), ar_alpha)
     if exp.engine_logprobs is not None:
         add_mismatch_metrics(metrics, targets.old, exp.engine_logprobs, exp.response_mask)
-    add_turn_metrics(metrics, exp, targets.old, targets.adv, eta)  # multi-turn only (``eta``: Lopti's η)
+    add_turn_metrics(metrics, exp, targets.old, targets.advantages, low_prob_threshold)  # multi-turn only
     padding_metrics(metrics, exp, micro_plan)
     metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(exp)))
     for k, v in timings.items():

@@ -18,12 +18,12 @@ enter), with ``p_old = exp(logπ_old)`` at the rollout temperature:
 * ``after_reply``: the first :data:`HEAD_TOKENS` tokens of every later turn (the model reading an
   environment's reply); ``rest``: every other sampled token (turn 0 included).
 
-For each segment: its token count, the low-probability share (``p_old < algorithm.lopti.eta``, with
-η read even when Lopti is off), its share of the step's gradient mass ``Σ|A|·(1 − p_old)`` (the
-advantages after AR, as the update uses them; :func:`arlopti.algorithms.buckets.grad_mass`), each
-probability bucket's share of the segment's own gradient mass (:data:`~arlopti.algorithms.buckets.BUCKET_NAMES`),
+For each segment: its token count, the low-probability share (``p_old < algorithm.low_prob_threshold``,
+a diagnostic setting of its own, not Lopti's η), its share of the step's gradient mass ``Σ|A|·(1 − p_old)`` (the
+advantages after AR, as the update uses them; :func:`arlopti.plugins.buckets.grad_mass`), each
+probability bucket's share of the segment's own gradient mass (:data:`~arlopti.plugins.buckets.BUCKET_NAMES`),
 and, with the engine's log-probs, the rollout/trainer mismatch over the segment
-(:func:`arlopti.algorithms.mismatch.mismatch_metrics`: mean ``|logπ_old − logπ_engine|``, the k3 KL,
+(:func:`arlopti.plugins.mismatch.mismatch_metrics`: mean ``|logπ_old − logπ_engine|``, the k3 KL,
 the share of tokens whose ratio leaves [0.5, 2]).
 """
 
@@ -32,8 +32,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_sums, grad_mass
-from arlopti.algorithms.mismatch import mismatch_metrics
+from arlopti.plugins.buckets import BUCKET_NAMES, bucket_sums, grad_mass
+from arlopti.plugins.mismatch import mismatch_metrics
 from arlopti.learner.metric_set import MetricSet
 
 #: "The first tokens after a reply": this many sampled tokens at the start of every later turn.
@@ -59,13 +59,13 @@ def segments(turn_index: Tensor) -> dict[str, Tensor]:
 
 
 def _segment_metrics(metrics: MetricSet, name: str, mask: Tensor, p: Tensor, mass: Tensor, total_mass: float,
-                     eta: float, old: Tensor, engine: Tensor | None) -> None:
+                     threshold: float, old: Tensor, engine: Tensor | None) -> None:
     key = f"turns/{name}"
     n = float(mask.sum())
     metrics.add(f"{key}/tokens", n, "sum")
     if n == 0:
         return  # no token: no share or mean to report (as the mismatch buckets)
-    metrics.add(f"{key}/low_prob_frac", float((p[mask] < eta).float().mean()), weight=n)
+    metrics.add(f"{key}/low_prob_frac", float((p[mask] < threshold).float().mean()), weight=n)
     seg_mass = float(mass[mask].sum())
     if total_mass > 0:
         metrics.add(f"{key}/grad_mass_frac", seg_mass / total_mass, weight=total_mass)
@@ -102,7 +102,7 @@ def _episode_metrics(metrics: MetricSet, exp) -> None:
     metrics.add("timing/env_s", float(sum(m.get("env_s", 0.0) for m in metas)), "max")
 
 
-def add_turn_metrics(metrics: MetricSet, exp, old_log_probs: Tensor, advantages: Tensor, eta: float) -> None:
+def add_turn_metrics(metrics: MetricSet, exp, old_log_probs: Tensor, advantages: Tensor, threshold: float) -> None:
     """This rank's ``turns/*`` values (module docstring) for the sampled experience ``exp``, its
     ``logπ_old`` and the advantages the update used (after AR)."""
     if exp.turn_index is None:
@@ -115,7 +115,7 @@ def add_turn_metrics(metrics: MetricSet, exp, old_log_probs: Tensor, advantages:
     total = float(mass.sum())
     engine = exp.engine_logprobs
     for name, mask in segments(idx).items():
-        _segment_metrics(metrics, name, mask, p, mass, total, eta, old_log_probs, engine)
+        _segment_metrics(metrics, name, mask, p, mass, total, threshold, old_log_probs, engine)
 
 
 __all__ = ["HEAD_TOKENS", "add_turn_metrics", "segments"]

@@ -22,7 +22,7 @@ tag), in this order:
 4. ``rollout``: response length, truncation, p_old of the sampled tokens, tokens per second.
 
 A per-bucket chart lists one pattern per p_old bucket (``.../0\.00-0\.25$``, from
-:data:`arlopti.algorithms.buckets.BUCKET_NAMES`), so each bucket is a named series of its own in the
+:data:`arlopti.plugins.buckets.BUCKET_NAMES`), so each bucket is a named series of its own in the
 chart's list of matches; ``layout_pb2.Chart`` has no legend or axis setting (only a title and the tag
 patterns), so the bucket order is also in the chart's title.
 
@@ -80,13 +80,13 @@ def _chart(*patterns: str) -> list:
 
 def _buckets(prefix: str) -> list[str]:
     """One pattern per p_old bucket under ``prefix``: each bucket a named series (module docstring)."""
-    from arlopti.algorithms.buckets import BUCKET_NAMES
+    from arlopti.plugins.buckets import BUCKET_NAMES
 
     return [f"{prefix}/{re.escape(name)}$" for name in BUCKET_NAMES]
 
 
 def _bucket_title(what: str) -> str:
-    from arlopti.algorithms.buckets import BUCKET_NAMES
+    from arlopti.plugins.buckets import BUCKET_NAMES
 
     return f"{what} (p_old {BUCKET_NAMES[0]} ... {BUCKET_NAMES[-1]})"
 

@@ -10,7 +10,7 @@ the run's :class:`arlopti.config.AlgorithmConfig`, what to ask for:
 * the old-log-prob pass (:func:`old_pass_stats`): OTB's Σ π_old² (``advantage=otb``);
 * whether the advantages need every token's logπ_old before the first backward
   (:func:`needs_old_before_update`: KL folded into the reward, OTB), which rules out taking the
-  first optimizer step's logπ_old from its own forward (:func:`first_forward_reusable`).
+  first optimizer step's logπ_old from its own forward (:class:`arlopti.algorithms.inputs.FirstStepInputs`).
 
 Every other configuration asks for nothing, so its passes are exactly what they were.
 """
@@ -38,12 +38,3 @@ def old_pass_stats(a: AlgorithmConfig) -> StatsRequest | None:
 def needs_old_before_update(a: AlgorithmConfig) -> bool:
     """Whether the advantages read every token's logπ_old before any backward (module docstring)."""
     return (a.kl_in == "reward" and a.kl_coef > 0) or old_pass_stats(a) is not None
-
-
-def first_forward_reusable(a: AlgorithmConfig) -> bool:
-    """Whether the first optimizer step may take its rows' old log-probs from its own training forward
-    (:func:`~arlopti.algorithms.plan.first_step_inputs`). Not with ``lopti.normalize=phase``: its loss
-    denominator is the phase's token count over the whole mini-batch, needed before the first
-    micro-batch's backward; nor when the advantages need every token's logπ_old before any backward
-    (:func:`needs_old_before_update`)."""
-    return not (a.lopti.enabled and a.lopti.normalize == "phase") and not needs_old_before_update(a)

@@ -1,7 +1,7 @@
 """The low-probability-token rivals' policy losses (``algorithm.policy_loss``; registry ``POLICY_LOSSES``).
 
 Each maps ``(logπ_θ, logπ_old, A, mask, ε_low, ε_high, c; extras)`` to an unreduced per-token loss
-``[B, T]`` and the indicator maps of :mod:`.policy_loss` (``clip_low`` / ``clip_high``: the tokens the
+``[B, T]`` and the indicator maps of :mod:`arlopti.algorithms.policy_loss` (``clip_low`` / ``clip_high``: the tokens the
 method stops or bounds, per side of A; ``clip_dual``: its second bound), aggregated afterwards by
 ``algorithm.loss_agg``. With ρ_t = exp(logπ_θ,t − sg[logπ_old,t]), the log-ratio clamped to [−20, 20]
 as in every loss here (the peers marked "unclamped" below do not clamp; the clamp changes values only
@@ -10,7 +10,7 @@ with the search tools; never copied.
 
 How AR and Lopti enter: each loss's gradient at token t is proportional to A_t (SimKO's top-K term
 too), so AR's weight scales it and Lopti's phase mask (A_t = 0) leaves a token with exactly zero
-gradient, as for the losses of :mod:`.policy_loss` (tests/algorithms/test_rival_losses.py). AR's weight
+gradient, as for the losses of :mod:`arlopti.algorithms.policy_loss` (tests/plugins/test_rival_losses.py). AR's weight
 is positive, so the sign of A, which picks each loss's branch, never changes.
 
 Which settings each reads (the schema's, :class:`arlopti.config.schema.LossParamsConfig`):
@@ -22,11 +22,29 @@ its soft dual clip; ``simko``: the clip, K, λ, the entropy quantile and the neg
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
 
-from arlopti.algorithms.policy_loss import LossExtras, indicators, no_dual_clip, token_log_ratio
+from arlopti.algorithms.aggregation import normaliser
+from arlopti.algorithms.policy_loss import indicators, no_dual_clip, token_log_ratio
 from arlopti.config.registries import POLICY_LOSSES
+from arlopti.config.schema import LossParamsConfig
+
+
+@dataclass(frozen=True)
+class LossExtras:
+    """What a rival loss reads beyond the ratio and the clip (the core's opaque ``extras``,
+    :mod:`arlopti.plugins.shaping` builds it): its settings, the current forward's per-token entropy
+    ``[B, T]`` and top-K log-probs ``[B, T, K]`` (with gradient), and the rollout engine's log-probs of
+    the sampled tokens ``[B, T]`` (DPPO's engine anchor). None: the schema's defaults, nothing else."""
+
+    params: LossParamsConfig = field(default_factory=LossParamsConfig)
+    entropy: Tensor | None = None
+    top_log_probs: Tensor | None = None
+    behaviour_log_probs: Tensor | None = None
+
 
 def _none_active(advantages: Tensor) -> Tensor:
     return torch.zeros_like(advantages < 0)
@@ -164,9 +182,27 @@ def sapo_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, resp
 
 def empty_rows(algorithm) -> str:
     """How the seq-mean aggregations of a run count a response with no valid token
-    (:data:`arlopti.algorithms.aggregation.EMPTY_ROWS`): ``algorithm.loss_params.sapo_empty_rows`` under
+    (:data:`EMPTY_ROWS`, :func:`row_count`): ``algorithm.loss_params.sapo_empty_rows`` under
     ``policy_loss=sapo`` (:func:`sapo_loss`), ``skip`` under every other loss."""
     return algorithm.loss_params.sapo_empty_rows if algorithm.policy_loss == "sapo" else "skip"
+
+
+#: How the seq-mean modes count a row with no valid token (:func:`row_count`).
+EMPTY_ROWS = ("skip", "zero")
+
+
+def row_count(mask: Tensor, agg: str, rows: str = "skip") -> float:
+    """The loss's denominator over ``mask [B, T]`` under the empty-row rule ``rows``: ``skip`` is the core's
+    :func:`~arlopti.algorithms.aggregation.normaliser` (valid tokens for ``token-mean``, else S, the rows
+    with a valid token); ``zero`` counts every row, B, an empty one as a zero row mean (TRL's GRPO/SAPO
+    ``(...).mean()``; verl's engine workers since v0.8; docs/algorithms.md compares the two). With an empty
+    row they differ by B/S, in loss and gradient; ``token-mean`` has no rows."""
+    if rows not in EMPTY_ROWS:
+        raise ValueError(f"empty_rows={rows!r}: use one of {', '.join(EMPTY_ROWS)}")
+    if rows == "zero" and agg != "token-mean":
+        normaliser(mask, agg)  # validates the name
+        return float(mask.shape[0])
+    return normaliser(mask, agg)
 
 
 @POLICY_LOSSES.register("ce_gppo")
@@ -283,7 +319,7 @@ def simko_loss(log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, res
     ex = extras or LossExtras()
     if ex.top_log_probs is None or ex.entropy is None:
         raise ValueError("algorithm.policy_loss=simko needs the forward's top-K log-probs and entropy "
-                         "(grpo_objective(..., entropy=..., dist=TokenStats with top_log_probs))")
+                         "(shaping_for(..., Forward(entropy=..., dist=TokenStats with top_log_probs)))")
     p = ex.params
     log_ratio = token_log_ratio(log_probs, old_log_probs)
     ratio = torch.exp(log_ratio)

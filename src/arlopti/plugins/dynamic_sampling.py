@@ -4,7 +4,7 @@ and the redistribution of the kept groups, exact under data parallelism.
 The rollout callback (:mod:`arlopti.callbacks.rollout`, whose docstring states the protocol)
 generates and scores each round; :func:`dynamic_sampling` decides, from every rank's signal flags,
 whether another round runs, which groups the step trains on
-(:func:`~arlopti.algorithms.dapo.select_groups`) and which of them this rank holds, all-gathering
+(:func:`~arlopti.plugins.dapo.select_groups`) and which of them this rank holds, all-gathering
 those generated on another rank. Collective when distributed: every rank calls it once per step
 and runs the same number of rounds. Groups are any objects; only ``rewards_of(group)`` is read.
 """
@@ -16,7 +16,7 @@ from typing import Callable, Sequence, TypeVar
 
 import torch
 
-from arlopti.algorithms.dapo import has_signal, need_more_rounds, select_groups
+from arlopti.plugins.dapo import has_signal, need_more_rounds, select_groups
 
 log = logging.getLogger(__name__)
 

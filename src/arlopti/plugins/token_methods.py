@@ -74,7 +74,7 @@ class TokenContext:
     def need_entropy(self, method: str) -> Tensor:
         if self.entropy is None:
             raise ValueError(f"algorithm.token_method.name={method} needs the per-token entropy "
-                             "(grpo_objective(..., entropy=...))")
+                             "(shaping_for(..., Forward(entropy=...)))")
         return self.entropy.detach().float()
 
     def need_stat(self, method: str, name: str) -> Tensor:
@@ -82,7 +82,7 @@ class TokenContext:
         value = None if self.dist is None else getattr(self.dist, name)
         if value is None:
             raise ValueError(f"algorithm.token_method.name={method} needs the forward's {name} "
-                             f"(grpo_objective(..., dist=TokenStats with {name}))")
+                             f"(shaping_for(..., Forward(dist=TokenStats with {name})))")
         return value.detach().float()
 
 

@@ -9,7 +9,7 @@ kernels and precision. Throughout, per valid token::
 
     d_t = logπ_old,t − logπ_engine,t = log w_t,      w_t = π_trainer(y_t) / π_engine(y_t)
 
-Inputs are ``[B, T]`` (``old_log_probs``: :class:`arlopti.learner.targets.Targets` ``.old``;
+Inputs are ``[B, T]`` (``old_log_probs``: :class:`arlopti.learner.advantages.Targets` ``.old``;
 ``engine_log_probs``: ``Experience.engine_logprobs``; both zero on padding) and the response
 mask (1 on valid tokens). Positions outside the mask are never read (``d`` is set to 0 there),
 so garbage in the padding cannot leak into a weight or a metric. Computation is in float32
@@ -64,7 +64,7 @@ Sources (restated, not copied):
   Use ``tis`` for a ratio weight.
 
 Metrics (:func:`mismatch_metrics`), over the valid tokens, overall and per probability bucket of
-p = exp(logπ_old) (the trainer's probability; :mod:`arlopti.algorithms.buckets`)::
+p = exp(logπ_old) (the trainer's probability; :mod:`arlopti.plugins.buckets`)::
 
     abs_diff_mean        mean |d_t|
     abs_diff_max         max  |d_t|
@@ -90,13 +90,13 @@ import torch
 from torch import Tensor
 
 from arlopti.config.registries import ROLLOUT_CORRECTIONS
-from arlopti.algorithms.buckets import BUCKET_NAMES, bucket_index
+from arlopti.plugins.buckets import BUCKET_NAMES, bucket_index
 from arlopti.config import RolloutCorrectionConfig
 from arlopti.config import rules as config_rules
 from arlopti.config.check import check_setting
 
 #: Metric names of :func:`mismatch_metrics`, each overall (``mismatch/<name>``) and per bucket
-#: (``mismatch/<name>/<b>``, ``<b>`` in :data:`arlopti.algorithms.buckets.BUCKET_NAMES`).
+#: (``mismatch/<name>/<b>``, ``<b>`` in :data:`arlopti.plugins.buckets.BUCKET_NAMES`).
 METRIC_NAMES = ("abs_diff_mean", "abs_diff_max", "k3_kl", "ratio_outside_frac", "tokens")
 PREFIX = "mismatch"
 RATIO_BAND = (0.5, 2.0)  # ratio_outside_frac counts w outside this closed band
@@ -208,7 +208,7 @@ def mismatch_metrics(old_log_probs: Tensor, engine_log_probs: Tensor,
     """The mismatch statistics over the valid tokens, overall and per bucket of p = exp(logπ_old).
 
     Keys: ``mismatch/<name>`` and ``mismatch/<name>/<b>`` for every ``<name>`` of
-    :data:`METRIC_NAMES` and bucket ``<b>`` of :data:`arlopti.algorithms.buckets.BUCKET_NAMES`
+    :data:`METRIC_NAMES` and bucket ``<b>`` of :data:`arlopti.plugins.buckets.BUCKET_NAMES`
     (b0 = p ≤ .25, …, b3 = p > .75; the diagnostics' naming, ``diag/<metric>/<b>``). Formulas and
     the KL direction: module docstring. Means of an empty set are NaN, ``tokens`` is then 0.
     Computed in float64. Raises ``ValueError`` for shapes that differ, or for ``exp(logπ_old)``
