@@ -342,3 +342,14 @@ def test_no_function_is_longer_than_sixty_lines():
             for p in sorted(SRC.rglob("*.py")) for n in ast.walk(ast.parse(p.read_text()))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > 60]
     assert not long, "\n".join(long)
+
+
+def test_readmes_reading_order_is_the_loss_path():
+    """README's reading order names the files of the loss path, in its order, and every file it links exists."""
+    readme = (REPO / "README.md").read_text()
+    part = readme.split("**Where they live: a reading order.**", 1)[1].split("## ", 1)[0]
+    links = re.findall(r"\]\((src/arlopti/[\w/]+\.py)\)", part)
+    assert all((REPO / link).is_file() for link in links), links
+    named = [link[len("src/arlopti/"):] for link in links]
+    in_path = [n for n in named if n in LOSS_PATH]
+    assert in_path == list(LOSS_PATH), in_path

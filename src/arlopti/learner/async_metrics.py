@@ -26,7 +26,7 @@ from arlopti.learner.experience import Experience
 from arlopti.learner.metric_set import MetricSet
 
 
-def add_async_metrics(metrics: MetricSet, exp: Experience, old_log_probs: Tensor, trained_version: int,
+def add_async_metrics(metrics: MetricSet, experience: Experience, old_log_probs: Tensor, trained_version: int,
                       max_staleness: int, threshold: float) -> None:
     """Check and describe this rank's samples, if they carry policy versions (else nothing).
 
@@ -35,18 +35,18 @@ def add_async_metrics(metrics: MetricSet, exp: Experience, old_log_probs: Tensor
     staleness outside ``[0, max_staleness]``. With the engine's log-probs, adds the flip fractions at
     ``threshold`` (``algorithm.low_prob_threshold``, a diagnostic whether or not Lopti is on: the share of
     tokens on the other side of the threshold under π_old than under the engine's policy)."""
-    for key, value in exp.async_stats.items():
+    for key, value in experience.async_stats.items():
         metrics.add(f"{PREFIX}/{key}", float(value), "max")
-    if exp.policy_versions is None:
+    if experience.policy_versions is None:
         return
-    staleness = sample_staleness(trained_version, exp.policy_versions)
+    staleness = sample_staleness(trained_version, experience.policy_versions)
     check_staleness_bound(staleness, max_staleness)
     n = float(staleness.numel())
     for key, value in staleness_metrics(staleness, max_staleness).items():
         kind = "max" if key == f"{PREFIX}/staleness_max" else "mean"
         metrics.add(key, value, kind, weight=n if kind == "mean" else 1.0)
-    if exp.engine_logprobs is not None:
-        _add_flip_fractions(metrics, exp.engine_logprobs, old_log_probs, exp.response_mask, threshold)
+    if experience.engine_logprobs is not None:
+        _add_flip_fractions(metrics, experience.engine_logprobs, old_log_probs, experience.response_mask, threshold)
 
 
 def _add_flip_fractions(metrics: MetricSet, behaviour: Tensor, old: Tensor, mask: Tensor, threshold: float) -> None:

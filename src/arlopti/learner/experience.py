@@ -193,27 +193,27 @@ def build_experience(prompt_ids: list[list[int]], groups: list[list[Episode | Co
 
 def experience_of(batch) -> Experience:
     """The experience the rollout callback attached to ``batch``."""
-    exp: Experience | None = getattr(batch, "experience", None)
-    if exp is None:
+    experience: Experience | None = getattr(batch, "experience", None)
+    if experience is None:
         raise RuntimeError("the batch carries no experience: the learner's RolloutCallback "
                            "(arlopti.entry.train.attach_rollout_callback) attaches it before each step")
-    return exp
+    return experience
 
 
-def without_truncated(exp: Experience) -> Experience:
+def without_truncated(experience: Experience) -> Experience:
     """DAPO's truncation masking (``algorithm.dapo.mask_truncated``): the same experience with the
     responses cut at ``rollout.max_new_tokens`` masked out of the loss (their tokens leave every
     normaliser too); the step's rollout metrics still describe every sampled response."""
-    keep = (~exp.truncated).to(exp.response_mask.dtype).unsqueeze(-1)
-    return replace(exp, response_mask=exp.response_mask * keep)
+    keep = (~experience.truncated).to(experience.response_mask.dtype).unsqueeze(-1)
+    return replace(experience, response_mask=experience.response_mask * keep)
 
 
-def to_device(exp: Experience, device) -> Experience:
+def to_device(experience: Experience, device) -> Experience:
     """Move the tensors the learner reads to ``device`` (in place; a no-op when already there)."""
-    if exp.input_ids.device == torch.device(device):
-        return exp
+    if experience.input_ids.device == torch.device(device):
+        return experience
     for name in ("input_ids", "attention_mask", "response_mask", "rewards", "group_ids", "truncated", "correct",
                  "engine_logprobs", "policy_versions", "turn_index"):
-        if getattr(exp, name) is not None:
-            setattr(exp, name, getattr(exp, name).to(device))
-    return exp
+        if getattr(experience, name) is not None:
+            setattr(experience, name, getattr(experience, name).to(device))
+    return experience

@@ -178,9 +178,9 @@ def mini_batches(n_rows: int, per_rank: int) -> list[list[int]]:
     return [rows[i:i + per_rank] for i in range(0, n_rows, per_rank)]
 
 
-def micro_batches_of(rows: list[int], exp, size: int, budget: int | None,
+def micro_batches_of(rows: list[int], experience, size: int, budget: int | None,
                      max_over_ranks=lambda k: k) -> tuple[list[list[int]], str | None]:
-    """Micro-batches (lists of indices into ``exp``) of mini-batch ``rows``, and a warning when
+    """Micro-batches (lists of indices into ``experience``) of mini-batch ``rows``, and a warning when
     some sequence alone is over the token budget.
 
     ``budget`` unset: ``size`` rows at a time, in order. Set: :func:`plan_micro_batches` on the
@@ -189,14 +189,14 @@ def micro_batches_of(rows: list[int], exp, size: int, budget: int | None,
     """
     if budget is None:
         return [[rows[j] for j in mb] for mb in fixed_micro_batches(len(rows), size)], None
-    lengths = [int(x) for x in exp.response_lengths[rows].tolist()]
-    k = max_over_ranks(min_micro_batches(lengths, exp.prompt_len, budget))
-    plan = plan_micro_batches(lengths, exp.prompt_len, budget, k=k)
+    lengths = [int(x) for x in experience.response_lengths[rows].tolist()]
+    k = max_over_ranks(min_micro_batches(lengths, experience.prompt_len, budget))
+    plan = plan_micro_batches(lengths, experience.prompt_len, budget, k=k)
     warning = None
     if plan.oversized:
         longest = max(lengths[i] for i in plan.oversized)
         warning = (f"sizes.micro_batch_tokens={budget} is below the cost of {len(plan.oversized)} single "
-                   f"sequence(s) (prompt {exp.prompt_len} + response up to {longest} tokens): each gets a "
-                   f"micro-batch of its own. Raise the budget to at least {exp.prompt_len + longest} to bound "
+                   f"sequence(s) (prompt {experience.prompt_len} + response up to {longest} tokens): each gets a "
+                   f"micro-batch of its own. Raise the budget to at least {experience.prompt_len + longest} to bound "
                    "the memory of every micro-batch")
     return [[rows[j] for j in mb] for mb in plan.micro_batches], warning

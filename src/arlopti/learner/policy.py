@@ -118,9 +118,9 @@ def batched_logprobs(policy: nn.Module, input_ids: Tensor, attention_mask: Tenso
 
 
 @torch.no_grad()
-def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_rows: int, temperature: float,
+def fill_logprobs(model: nn.Module, experience, rows: list[int], out: Tensor, chunk_rows: int, temperature: float,
                   stats: StatsRequest | None = None, stats_out: dict[str, Tensor] | None = None) -> None:
-    """Fill ``out[rows]`` with ``model``'s log-probs of ``exp``'s responses (no grad).
+    """Fill ``out[rows]`` with ``model``'s log-probs of ``experience``'s responses (no grad).
 
     Rows go longest response first in chunks of ``chunk_rows``, each trimmed to its longest
     response (less padding than chunks in row order); positions past a row's chunk width keep
@@ -131,11 +131,11 @@ def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_row
     """
     if not rows:
         return
-    lengths = exp.response_mask[rows].sum(-1).tolist()
+    lengths = experience.response_mask[rows].sum(-1).tolist()
     order = [rows[i] for i in sorted(range(len(rows)), key=lambda i: (-lengths[i], i))]
     for lo in range(0, len(order), chunk_rows):
         chunk = order[lo:lo + chunk_rows]
-        sub = exp.select(chunk)
+        sub = experience.select(chunk)
         logp, _, *extra = model(sub.input_ids, sub.attention_mask, sub.prompt_len, temperature, with_entropy=False,
                                 stats=stats)
         idx = torch.tensor(chunk, device=out.device)
@@ -145,9 +145,9 @@ def fill_logprobs(model: nn.Module, exp, rows: list[int], out: Tensor, chunk_row
                 stats_out[name][idx, :value.shape[1]] = value.to(stats_out[name].dtype)
 
 
-def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: set[int], chunk_rows: int,
+def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, experience, skip: set[int], chunk_rows: int,
                           temperature: float, lora_ref: bool = False, stats: StatsRequest | None = None):
-    """``(logπ_old, reference log-probs)`` of ``exp``'s responses, no grad, at ``temperature``: the
+    """``(logπ_old, reference log-probs)`` of ``experience``'s responses, no grad, at ``temperature``: the
     first of every row not in ``skip`` (zeros there), the second of all rows from ``ref``, or with
     ``lora_ref`` from ``policy`` with its LoRA adapters off, else None (β = 0). Zeros on padding.
     ``policy`` runs in eval mode and gets its mode back. With ``stats`` (the old policy's statistics
@@ -156,21 +156,21 @@ def old_and_ref_log_probs(policy: nn.Module, ref: nn.Module | None, exp, skip: s
     padding)."""
     from arlopti.models.lora import adapters_disabled
 
-    mask = exp.response_mask
+    mask = experience.response_mask
     old = torch.zeros_like(mask)
     per_token = None if stats is None else {name: torch.zeros_like(mask) for name in _per_token_fields(stats)}
     was_training = policy.training
     policy.eval()
-    fill_logprobs(policy, exp, [i for i in range(len(exp)) if i not in skip], old, chunk_rows, temperature,
-                  stats, per_token)
+    rows = [i for i in range(len(experience)) if i not in skip]
+    fill_logprobs(policy, experience, rows, old, chunk_rows, temperature, stats, per_token)
     ref_lp = None
     if ref is not None:
         ref_lp = torch.zeros_like(mask)
-        fill_logprobs(ref, exp, list(range(len(exp))), ref_lp, chunk_rows, temperature)
+        fill_logprobs(ref, experience, list(range(len(experience))), ref_lp, chunk_rows, temperature)
     elif lora_ref:
         ref_lp = torch.zeros_like(mask)
         with adapters_disabled(policy):
-            fill_logprobs(policy, exp, list(range(len(exp))), ref_lp, chunk_rows, temperature)
+            fill_logprobs(policy, experience, list(range(len(experience))), ref_lp, chunk_rows, temperature)
     policy.train(was_training)
     if stats is None:
         return old * mask, ref_lp

@@ -61,31 +61,32 @@ def _jsonable(value: Any) -> Any:
 def step_records(ctx, step: int, rank: int = 0, world_size: int = 1, token_arrays: bool = True,
                  max_rows: int | None = None) -> list[dict]:
     """The dump records of one :class:`~arlopti.learner.step_context.StepContext` (module docstring)."""
-    exp = ctx.experience
-    mask = exp.response_mask.bool().cpu()
-    n = len(exp) if max_rows is None else min(len(exp), max_rows)
+    experience = ctx.experience
+    mask = experience.response_mask.bool().cpu()
+    n = len(experience) if max_rows is None else min(len(experience), max_rows)
     probs = torch.exp(ctx.old_log_probs.detach().float()).cpu()
     adv_raw, adv = ctx.advantages_raw.detach().cpu(), ctx.advantages.detach().cpu()
-    attn = exp.attention_mask.cpu()
-    ids = exp.input_ids.cpu()
+    attn = experience.attention_mask.cpu()
+    ids = experience.input_ids.cpu()
     records = []
     for i in range(n):
         m = mask[i]
         rec = {
             "schema": SCHEMA, "step": int(step), "rank": rank, "world_size": world_size, "row": i,
-            "group_id": int(exp.group_ids[i]),
-            "prompt": exp.prompt_texts[i] if exp.prompt_texts else "",
-            "completion": exp.response_texts[i] if exp.response_texts else "",
-            "reward": float(exp.rewards[i]), "correct": bool(exp.correct[i]), "truncated": bool(exp.truncated[i]),
-            "components": {k: float(v[i]) for k, v in exp.components.items()},
+            "group_id": int(experience.group_ids[i]),
+            "prompt": experience.prompt_texts[i] if experience.prompt_texts else "",
+            "completion": experience.response_texts[i] if experience.response_texts else "",
+            "reward": float(experience.rewards[i]), "correct": bool(experience.correct[i]),
+            "truncated": bool(experience.truncated[i]),
+            "components": {k: float(v[i]) for k, v in experience.components.items()},
             "response_len": int(m.sum()),
-            "meta": _jsonable(exp.metas[i]) if exp.metas else {},
+            "meta": _jsonable(experience.metas[i]) if experience.metas else {},
         }
         if token_arrays:
-            prompt = ids[i, :exp.prompt_len][attn[i, :exp.prompt_len].bool()]
+            prompt = ids[i, :experience.prompt_len][attn[i, :experience.prompt_len].bool()]
             rec.update(
                 prompt_ids=encode_array(prompt, "<i4"),
-                response_ids=encode_array(ids[i, exp.prompt_len:][m], "<i4"),
+                response_ids=encode_array(ids[i, experience.prompt_len:][m], "<i4"),
                 token_probs=encode_array(probs[i][m], "<f2"),
                 advantages_raw=encode_array(adv_raw[i][m], "<f2"),
                 advantages=encode_array(adv[i][m], "<f2"))

@@ -26,14 +26,14 @@ from arlopti.learner.experience import Experience
 PROMPT_TAIL = 300
 
 
-def sample_records(exp: Experience, step: int, n_samples: int) -> list[dict]:
-    """The first ``n_samples`` responses of ``exp`` as records (see the module docstring)."""
+def sample_records(experience: Experience, step: int, n_samples: int) -> list[dict]:
+    """The first ``n_samples`` responses of ``experience`` as records (see the module docstring)."""
     out = []
-    for i in range(min(n_samples, len(exp))):
-        prompt = exp.prompt_texts[i][-PROMPT_TAIL:] if exp.prompt_texts else ""
-        meta = exp.episode_metas[i] if exp.episode_metas else {}
-        out.append({"step": int(step), "index": i, "reward": float(exp.rewards[i]), "prompt": prompt,
-                    "response": meta.get("transcript", exp.response_texts[i])})
+    for i in range(min(n_samples, len(experience))):
+        prompt = experience.prompt_texts[i][-PROMPT_TAIL:] if experience.prompt_texts else ""
+        meta = experience.episode_metas[i] if experience.episode_metas else {}
+        out.append({"step": int(step), "index": i, "reward": float(experience.rewards[i]), "prompt": prompt,
+                    "response": meta.get("transcript", experience.response_texts[i])})
     return out
 
 
@@ -76,11 +76,11 @@ def write_samples(loggers, records: list[dict], step: int) -> None:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def write_step(loggers, metrics: dict[str, float], exp: Experience, step: int, n_samples: int) -> None:
+def write_step(loggers, metrics: dict[str, float], experience: Experience, step: int, n_samples: int) -> None:
     """The step's scalars to every logger, then its sample completions (:func:`write_samples`)."""
     for logger in loggers:
         logger.log_metrics(metrics, step=step)
-    write_samples(loggers, sample_records(exp, step, n_samples), step)
+    write_samples(loggers, sample_records(experience, step, n_samples), step)
 
 
 def write_config(loggers, config_yaml: str) -> None:

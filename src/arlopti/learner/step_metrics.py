@@ -50,27 +50,27 @@ SAMPLING_KINDS = {"gen_rounds": "max", "groups_generated": "sum", "kept_frac": "
                   "no_signal_fallback": "max"}
 
 
-def rollout_metrics(metrics: MetricSet, exp, old_log_probs, phases, ar_alpha: float) -> None:
+def rollout_metrics(metrics: MetricSet, experience, old_log_probs, phases, ar_alpha: float) -> None:
     """Reward, length and token statistics of one rank's rollout (docs/metrics.md)."""
     from arlopti.algorithms import ar_weights, zero_std_group_fraction
 
-    mask = exp.response_mask.bool()
-    lengths = exp.response_mask.sum(-1)
+    mask = experience.response_mask.bool()
+    lengths = experience.response_mask.sum(-1)
     n_tok = float(mask.sum())
-    metrics.add("reward/mean", float(exp.rewards.mean()))
-    metrics.add("reward/std", float(exp.rewards.std()) if len(exp) > 1 else 0.0)
-    metrics.add("reward/accuracy", float(exp.correct.float().mean()))
-    metrics.add("reward/zero_std_group_frac", zero_std_group_fraction(exp.rewards, exp.group_ids))
-    for k, v in exp.components.items():
+    metrics.add("reward/mean", float(experience.rewards.mean()))
+    metrics.add("reward/std", float(experience.rewards.std()) if len(experience) > 1 else 0.0)
+    metrics.add("reward/accuracy", float(experience.correct.float().mean()))
+    metrics.add("reward/zero_std_group_frac", zero_std_group_fraction(experience.rewards, experience.group_ids))
+    for k, v in experience.components.items():
         metrics.add(f"reward/{k}", float(v.float().mean()))
     metrics.add("rollout/response_len_mean", float(lengths.mean()))
     metrics.add("rollout/response_len_max", float(lengths.max()), "max")
-    metrics.add("rollout/truncated_frac", float(exp.truncated.float().mean()))
-    metrics.add("rollout/responses", float(len(exp)), "sum")
+    metrics.add("rollout/truncated_frac", float(experience.truncated.float().mean()))
+    metrics.add("rollout/responses", float(len(experience)), "sum")
     metrics.add("rollout/tokens", n_tok, "sum")
     p = torch.exp(old_log_probs)[mask]
     metrics.add("rollout/token_prob_mean", float(p.mean()) if p.numel() else 0.0, weight=n_tok)
-    stats = getattr(exp, "sampling_stats", None) or {}
+    stats = getattr(experience, "sampling_stats", None) or {}
     for k, v in stats.items():
         weight = stats.get("groups_generated", 1.0) if k == "kept_frac" else 1.0
         metrics.add(f"dapo/{k}", v, SAMPLING_KINDS[k], weight=weight)
@@ -84,7 +84,7 @@ def rollout_metrics(metrics: MetricSet, exp, old_log_probs, phases, ar_alpha: fl
             metrics.add(f"lopti/{ph.name}_frac", k / n_tok if n_tok else 0.0, weight=n_tok)
 
 
-def padding_metrics(metrics: MetricSet, exp, micro_plan: Mapping[tuple, list[list[int]]]) -> None:
+def padding_metrics(metrics: MetricSet, experience, micro_plan: Mapping[tuple, list[list[int]]]) -> None:
     """``update/valid_token_frac``: real (attention-mask) tokens / padded tokens the training
     forwards compute, over one pass of this rank's micro-batches; ``update/micro_batches``:
     micro-batches per optimizer step (mean over mini-batches)."""
@@ -93,15 +93,15 @@ def padding_metrics(metrics: MetricSet, exp, micro_plan: Mapping[tuple, list[lis
     valid = padded = 0
     for mbs in micro_plan.values():
         for mb in mbs:
-            lengths = [int(x) for x in exp.response_lengths[mb].tolist()]
-            cost = micro_batch_cost(lengths, exp.prompt_len)
+            lengths = [int(x) for x in experience.response_lengths[mb].tolist()]
+            cost = micro_batch_cost(lengths, experience.prompt_len)
             padded += cost
-            valid += int(exp.attention_mask[mb, :cost // len(mb)].sum())
+            valid += int(experience.attention_mask[mb, :cost // len(mb)].sum())
     metrics.add("update/valid_token_frac", valid / max(1, padded), weight=padded)
     metrics.add("update/micro_batches", sum(len(v) for v in micro_plan.values()) / max(1, len(micro_plan)))
 
 
-def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple, list[list[int]]],
+def add_step_metrics(metrics: MetricSet, experience, targets, micro_plan: Mapping[tuple, list[list[int]]],
                      timings: Mapping[str, float], *, reused: int, ar_alpha: float, lr: float, nonfinite_skips: int,
                      optimizer_steps: int, low_prob_threshold: float) -> None:
     """A rollout step's metrics beyond the objective's (docs/metrics.md): phases skipped as empty
@@ -113,16 +113,16 @@ def add_step_metrics(metrics: MetricSet, exp, targets, micro_plan: Mapping[tuple
     if len(targets.phases) > 1:
         for name in targets.phases:
             metrics.add(f"update/{name}/skipped_empty", float(name in targets.skipped), "max")
-    rollout_metrics(metrics, exp, targets.old, list(targets.phases.values()), ar_alpha)
-    if exp.engine_logprobs is not None:
-        add_mismatch_metrics(metrics, targets.old, exp.engine_logprobs, exp.response_mask)
-    add_turn_metrics(metrics, exp, targets.old, targets.advantages, low_prob_threshold)  # multi-turn only
-    padding_metrics(metrics, exp, micro_plan)
-    metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(exp)))
+    rollout_metrics(metrics, experience, targets.old, list(targets.phases.values()), ar_alpha)
+    if experience.engine_logprobs is not None:
+        add_mismatch_metrics(metrics, targets.old, experience.engine_logprobs, experience.response_mask)
+    add_turn_metrics(metrics, experience, targets.old, targets.advantages, low_prob_threshold)  # multi-turn only
+    padding_metrics(metrics, experience, micro_plan)
+    metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(experience)))
     for k, v in timings.items():
         metrics.add(f"timing/{k}", v, "max")
     total_t = sum(timings.values())
-    metrics.add("timing/tokens_per_s", float(exp.response_mask.sum()) / total_t if total_t > 0 else 0.0, "sum")
+    metrics.add("timing/tokens_per_s", float(experience.response_mask.sum()) / total_t if total_t > 0 else 0.0, "sum")
     metrics.add("update/lr", lr)
     metrics.add("update/nonfinite_skips", float(nonfinite_skips), "max")
     metrics.add("update/optimizer_steps", float(optimizer_steps), "max")

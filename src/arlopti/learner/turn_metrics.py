@@ -79,8 +79,8 @@ def _segment_metrics(metrics: MetricSet, name: str, mask: Tensor, p: Tensor, mas
             metrics.add(f"{key}/mismatch_{m}", values[f"mismatch/{m}"], weight=n)
 
 
-def _episode_metrics(metrics: MetricSet, exp) -> None:
-    metas = exp.episode_metas
+def _episode_metrics(metrics: MetricSet, experience) -> None:
+    metas = experience.episode_metas
     if not metas:
         return
     b = float(len(metas))
@@ -91,29 +91,30 @@ def _episode_metrics(metrics: MetricSet, exp) -> None:
         metrics.add(f"turns/{k}", float(sum(m.get(k, 0) for m in metas)), "sum")
     for k in EPISODE_FLAGS:
         metrics.add(f"turns/{k}_frac", sum(float(m.get(k, 0)) for m in metas) / b, weight=b)
-    real = float(exp.response_lengths.sum())
+    real = float(experience.response_lengths.sum())
     env = float(sum(m.get("env_tokens", 0) for m in metas))
     if real > 0:
         metrics.add("turns/env_token_frac", env / real, weight=real)
-    rewards = exp.rewards.tolist()
+    rewards = experience.rewards.tolist()
     for n in sorted(set(turns)):
         rows = [r for r, t in zip(rewards, turns) if t == n]
         metrics.add(f"turns/reward/{n}", sum(rows) / len(rows), weight=float(len(rows)))
     metrics.add("timing/env_s", float(sum(m.get("env_s", 0.0) for m in metas)), "max")
 
 
-def add_turn_metrics(metrics: MetricSet, exp, old_log_probs: Tensor, advantages: Tensor, threshold: float) -> None:
-    """This rank's ``turns/*`` values (module docstring) for the sampled experience ``exp``, its
+def add_turn_metrics(metrics: MetricSet, experience, old_log_probs: Tensor, advantages: Tensor,
+                     threshold: float) -> None:
+    """This rank's ``turns/*`` values (module docstring) for the sampled experience ``experience``, its
     ``logπ_old`` and the advantages the update used (after AR)."""
-    if exp.turn_index is None:
+    if experience.turn_index is None:
         return
-    _episode_metrics(metrics, exp)
-    idx = exp.turn_index.to(old_log_probs.device)
+    _episode_metrics(metrics, experience)
+    idx = experience.turn_index.to(old_log_probs.device)
     sampled = idx >= 0
     p = torch.exp(old_log_probs.detach().float()).clamp(0.0, 1.0)
     mass = grad_mass(p, advantages) * sampled
     total = float(mass.sum())
-    engine = exp.engine_logprobs
+    engine = experience.engine_logprobs
     for name, mask in segments(idx).items():
         _segment_metrics(metrics, name, mask, p, mass, total, threshold, old_log_probs, engine)
 

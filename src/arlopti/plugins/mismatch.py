@@ -9,7 +9,7 @@ kernels and precision. Throughout, per valid token::
 
     d_t = logπ_old,t − logπ_engine,t = log w_t,      w_t = π_trainer(y_t) / π_engine(y_t)
 
-Inputs are ``[B, T]`` (``old_log_probs``: :class:`arlopti.learner.advantages.Targets` ``.old``;
+Inputs are ``[B, T]`` (``old_log_probs``: :class:`arlopti.algorithms.inputs.StepInputs` ``.old``;
 ``engine_log_probs``: ``Experience.engine_logprobs``; both zero on padding) and the response
 mask (1 on valid tokens). Positions outside the mask are never read (``d`` is set to 0 there),
 so garbage in the padding cannot leak into a weight or a metric. Computation is in float32
