@@ -198,7 +198,7 @@ def test_the_units_stand_on_at_most_seven_floors():
 
 
 #: The units a training run is made of (issue 44), and the research that stands above them.
-TRAINING_PATH = ("callbacks", "learner", "rollout", "algorithms", "tasks", "data", "models", "prompts",
+TRAINING_PATH = ("callbacks", "learner", "rollout", "plugins", "algorithms", "tasks", "data", "models", "prompts",
                  "checkpoints", "ops", "config", "utils")
 RESEARCH = ("analysis", "study")
 

@@ -11,5 +11,5 @@ options and diagnostics: DAPO (:mod:`.dapo`, :mod:`.dynamic_sampling`), off-poli
 learner's forward passes (:mod:`.forward_needs`).
 """
 
-from arlopti.algorithms import *  # noqa: F401,F403  (the core registers first: the registries keep that order)
+import arlopti.algorithms  # noqa: F401  (the core registers first: the registries keep that order)
 from arlopti.plugins import advantages, mismatch, rival_losses, token_methods  # noqa: F401  (register)
