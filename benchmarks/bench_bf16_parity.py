@@ -91,7 +91,7 @@ def precision_context(precision: str):
 @contextlib.contextmanager
 def masters_on_grid():
     """The code before issue 49: the learner leaves the fp32 master weights on the bf16 grid."""
-    with mock.patch("arlopti.learner.module.spread_master_weights", lambda *a, **k: 0):
+    with mock.patch("arlopti.learner.lifecycle.spread_master_weights", lambda *a, **k: 0):
         yield
 
 

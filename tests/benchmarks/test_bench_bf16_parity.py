@@ -55,7 +55,7 @@ def test_every_part_runs_and_writes_its_fields(monkeypatch, tmp_path):
 
 def test_the_variants_patch_what_they_name(monkeypatch, tmp_path):
     mod = _bench(monkeypatch, tmp_path)
-    import arlopti.learner.module as learner
+    import arlopti.learner.lifecycle as learner  # where the learner calls spread_master_weights
 
     real = learner.spread_master_weights
     with mod.variant_context("bf16-grid"):
