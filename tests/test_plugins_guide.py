@@ -1,5 +1,6 @@
 """docs/plugins.md runs as written: a policy loss registered from the user's own module trains the tiny
-model 2 steps under Lopti through ``arlopti.run``, with no file under ``src/`` touched.
+model 2 steps under Lopti through ``arlopti.run`` and through ``python train.py plugins=[...]``, with no file
+under ``src/`` touched.
 
 The page is run as docs/custom_task.md is (``test_custom_task_guide.guide_script``): ``file=`` blocks are
 written, ``bash`` blocks run, in a temporary folder standing for the checkout's root."""
@@ -30,6 +31,7 @@ def test_guide_registers_a_loss_and_names_it():
 @pytest.mark.slow
 def test_plugins_guide_runs_as_written(tmp_path):
     (tmp_path / "configs").symlink_to(REPO_ROOT / "configs")
+    (tmp_path / "train.py").symlink_to(REPO_ROOT / "train.py")
     env = dict(os.environ, PROJECT_ROOT=str(tmp_path), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
     (tmp_path / "guide.sh").write_text(guide_script(GUIDE.read_text()))
@@ -41,6 +43,10 @@ def test_plugins_guide_runs_as_written(tmp_path):
     assert run_dir.parent.name.startswith("truncated_is_e0.5"), run_dir
     assert "policy_loss: truncated_is" in (run_dir / ".hydra" / "config.yaml").read_text()
     assert result["steps"] >= 1  # optimizer steps of the last rollout step (both phases when both have tokens)
+    (cli_run,) = (tmp_path / "logs" / "my_loss_cli").iterdir()  # the command line's run, the same loss
+    assert cli_run.name.startswith("truncated_is_e0.5")
+    (when,) = cli_run.iterdir()
+    assert "policy_loss: truncated_is" in (when / ".hydra" / "config.yaml").read_text()
 
 
 def test_the_command_line_refuses_an_unregistered_loss():
@@ -49,5 +55,22 @@ def test_the_command_line_refuses_an_unregistered_loss():
 
     cfg = RunConfig()
     cfg.algorithm.policy_loss = "truncated_is_not_registered"
-    with pytest.raises(ConfigError, match="algorithm.policy_loss='truncated_is_not_registered'.*ppo_clip"):
+    with pytest.raises(ConfigError, match="algorithm.policy_loss='truncated_is_not_registered'.*ppo_clip.*"
+                                          r"plugins=\[my_module\] \(docs/plugins.md\)"):
         validate_run(cfg)
+
+
+def test_a_plugin_that_cannot_be_imported_is_one_line_naming_it(tmp_path, monkeypatch):
+    from arlopti.config import ConfigError
+    from arlopti.entry.train import import_plugins
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good_losses.py").write_text("REGISTERED = True\n")
+    assert import_plugins(["good_losses", "good_losses.py"]) == ["good_losses", "good_losses.py"]
+    assert import_plugins(None) == [] and import_plugins([]) == []
+    with pytest.raises(ConfigError, match="plugins: 'no_such_module': cannot import no_such_module"):
+        import_plugins(["no_such_module"])
+    with pytest.raises(ConfigError, match="plugins: 'missing.py': file .* does not exist"):
+        import_plugins("missing.py")
+    with pytest.raises(ConfigError, match="is not a module: give an import path"):
+        import_plugins(["my_losses:fn"])

@@ -122,7 +122,9 @@ def _check_field(key: str, f: dataclasses.Field, value: Any, hint: Any = None) -
         # a note "ours: ..." / "official: ..." shows its tag: 'skip' (ours) or 'step' (official)
         alts = _alternatives([f"{c!r}" + (f" ({note.split(':')[0]})" if ":" in note else "")
                               for c, note in choices.items()])
-        raise ConfigError(f"{key}={value!r}: use {alts}" + (", or null" if _nullable(f) else ""))
+        own = "; a method of your own: name the module that registers it, plugins=[my_module] (docs/plugins.md)" \
+            if getattr(f.metadata.get("choices"), "registry", None) else ""
+        raise ConfigError(f"{key}={value!r}: use {alts}" + (", or null" if _nullable(f) else "") + own)
     if "range" in f.metadata:
         lo, hi, lo_closed, hi_closed = _interval(f.metadata["range"])
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (

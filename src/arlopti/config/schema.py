@@ -75,6 +75,7 @@ def _registry(name: str, filled_by: str = "arlopti.plugins", notes: bool = False
         reg = getattr(registry, name)
         return reg.notes() if notes else list(reg.names())
 
+    names.registry = name  # a value may be registered by the user's own module (configs/train.yaml's plugins)
     return names
 
 

@@ -1,7 +1,7 @@
 """Build everything a run needs from a composed Hydra config, then fit.
 
 ``train(cfg)`` is what ``python train.py`` calls; tests call it with a composed config.
-Order: seed → typed run config → callbacks, loggers and Trainer → the run config validated once,
+Order: the user's plugin modules (``plugins``) → seed → typed run config → callbacks, loggers and Trainer → the run config validated once,
 against the Trainer's real world size → the checkpoint resumed from checked against it → tokenizer
 → DataModule → learner → ``fit`` (resuming from ``ckpt_path`` when given). ``train`` returns the
 value of ``optimized_metric`` too (:func:`objective`), which ``python train.py`` hands to a sweeper.
@@ -42,6 +42,28 @@ def run_config(cfg: DictConfig) -> RunConfig:
 
     names = [f.name for f in dataclasses.fields(RunConfig)]
     return from_dict(RunConfig, {n: OmegaConf.to_container(cfg[n], resolve=True) for n in names if n in cfg}, "")
+
+
+def import_plugins(specs) -> list[str]:
+    """Import the user's modules that register methods into arlopti's registries (``plugins``: import paths
+    ``pkg.mod`` or files ``path/to/file.py``, docs/plugins.md), before the run config is checked, so that
+    ``algorithm.policy_loss``, ``algorithm.token_method.name`` and ``algorithm.advantage`` may name what
+    they register. The user named them, as they name a reward function. Returns the specs imported."""
+    from arlopti.tasks.user_code import UserCodeError, load_module
+
+    if specs is None:
+        return []
+    names = [specs] if isinstance(specs, str) else list(specs)
+    for spec in names:
+        if not isinstance(spec, str) or not spec.strip() or ":" in spec:
+            raise ConfigError(f"plugins: {spec!r} is not a module: give an import path (my_pkg.my_losses) or a "
+                              "file (path/to/my_losses.py)")
+        is_file = spec.endswith(".py") or "/" in spec or os.sep in spec
+        try:
+            load_module(spec.strip(), is_file, spec)
+        except UserCodeError as err:
+            raise ConfigError(f"plugins: {err}") from err
+    return names
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -212,6 +234,7 @@ def train(cfg: DictConfig) -> dict:
 
     quiet_console()  # Lightning's lines once (Hydra's console + train.log), no adverts (arlopti/utils/console.py)
     prepare_job(cfg)  # a submitit job: its nodes, its preemption signal (arlopti/entry/cluster.py)
+    import_plugins(cfg.get("plugins"))  # the user's methods register before the config names them
     ckpt = resume_from(cfg)
     if ckpt is not None:
         reason = finished_reason(ckpt, cfg.get("rollout_steps"), (cfg.get("trainer") or {}).get("max_epochs"))
@@ -258,4 +281,4 @@ def objective(metric: str | None, module, summary: dict) -> float | None:
 
 
 __all__ = ["ConfigError", "attach_rollout_callback", "build", "data_signature", "objective", "resume_from",
-           "run_config", "run_dirs", "train"]
+           "import_plugins", "run_config", "run_dirs", "train"]

@@ -78,33 +78,39 @@ def resolve_spec(spec: str, cwd: str | None = None) -> str:
     return f"{Path(cwd or os.getcwd(), module).resolve()}:{name}"
 
 
-def load_function(spec: str, cwd: str | None = None) -> Callable[..., Any]:
-    """The callable ``spec`` names; raises :class:`UserCodeError` naming the spec and the cause."""
-    module_part, name, is_file = parse_spec(spec)
+def load_module(module_part: str, is_file: bool, spec: str, cwd: str | None = None):
+    """The module ``module_part`` names (an import path, or a file relative to ``cwd``; the module
+    docstring's rules); raises :class:`UserCodeError` naming ``spec`` and the cause."""
     cwd = cwd or os.getcwd()
-    if is_file:
-        path = Path(cwd, module_part).resolve()
-        if not path.is_file():
-            raise UserCodeError(f"{spec!r}: file {path} does not exist")
-        mod_name = f"arlopti_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            _prepend(str(path.parent))
-            try:
-                loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-                module = importlib.util.module_from_spec(loader_spec)
-                sys.modules[mod_name] = module
-                loader_spec.loader.exec_module(module)
-            except BaseException as err:  # noqa: BLE001 - user code may raise anything while importing
-                sys.modules.pop(mod_name, None)
-                raise UserCodeError(f"{spec!r}: importing {path} failed ({_describe(err)})") from err
-    else:
+    if not is_file:
         _prepend(cwd)
         try:
-            module = importlib.import_module(module_part)
+            return importlib.import_module(module_part)
         except BaseException as err:  # noqa: BLE001
             raise UserCodeError(f"{spec!r}: cannot import {module_part} ({_describe(err)}; the current "
                                 f"directory {cwd} and PYTHONPATH are searched)") from err
+    path = Path(cwd, module_part).resolve()
+    if not path.is_file():
+        raise UserCodeError(f"{spec!r}: file {path} does not exist")
+    mod_name = f"arlopti_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    module = sys.modules.get(mod_name)
+    if module is None:
+        _prepend(str(path.parent))
+        try:
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[mod_name] = module
+            loader_spec.loader.exec_module(module)
+        except BaseException as err:  # noqa: BLE001 - user code may raise anything while importing
+            sys.modules.pop(mod_name, None)
+            raise UserCodeError(f"{spec!r}: importing {path} failed ({_describe(err)})") from err
+    return module
+
+
+def load_function(spec: str, cwd: str | None = None) -> Callable[..., Any]:
+    """The callable ``spec`` names; raises :class:`UserCodeError` naming the spec and the cause."""
+    module_part, name, is_file = parse_spec(spec)
+    module = load_module(module_part, is_file, spec, cwd)
     if not hasattr(module, name):
         defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise UserCodeError(f"{spec!r}: {module_part} has no attribute {name!r} (its functions: {defined})")
