@@ -84,7 +84,9 @@ def script_help(config_name: str = "train.yaml") -> str:
              f"output: {OUTPUT_KEY}=DIR (TRL's {OUTPUT_ALIAS}=DIR means the same): each run writes",
              f"  DIR/<task_name>/<run_name>/<time>/; default: logs/ of the project you run from (the first folder",
              "  up from the working folder with .project-root or .git, else the working folder)",
-             "rewards (task=custom, docs/custom_task.md): " + ", ".join(reward_keys()), "",
+             "rewards (task=custom, docs/custom_task.md): " + ", ".join(reward_keys()),
+             *(["your own method (docs/plugins.md): plugins=[my_module] algorithm.policy_loss=<its name>"]
+               if config_name == "train.yaml" else []), "",
              "groups (GROUP=OPTION; configs/<group>/<option>.yaml):", *_groups_block(config_name), "",
              f"more: arlopti {sub} --cfg job (the composed config), --hydra-help (Hydra's options), "
              "docs/config.md (every key)"]
