@@ -23,6 +23,7 @@ on a bare checkout through ``benchmarks/gpu_check.sh``, which sets ``PYTHONPATH=
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -31,6 +32,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -294,6 +296,23 @@ def hf_engine_for(model_name: str, tokens: int, hidden: int = 256, layers: int =
         model = load_causal_lm(model_name, tok, dtype="float32")
     model.generation_config.min_new_tokens = tokens
     return HFEngine(model, tok, generation_batch_size=1024), tok
+
+
+@contextlib.contextmanager
+def saved_tiny_model(tokenizer, hidden: int, layers: int) -> Iterator[tuple[str, int]]:
+    """A tiny random Qwen2 (``hidden`` × ``layers``, MLP 2 × hidden) saved with ``tokenizer`` to a temporary
+    folder, so that every configuration of a benchmark loads the same weights: yields (folder, its parameter
+    count); the folder is removed afterwards."""
+    from arlopti.models.loading import TinySpec, build_tiny_model
+
+    with tempfile.TemporaryDirectory() as model_dir:
+        model = build_tiny_model(tokenizer, TinySpec(hidden_size=hidden, num_layers=layers,
+                                                     intermediate_size=2 * hidden))
+        n_params = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+        del model
+        yield model_dir, n_params
 
 
 def fixed_length_engine(tokenizer, lengths_of: Callable[[int, int], int], seed: int = 0):

@@ -31,10 +31,9 @@ import argparse
 import hashlib
 import statistics
 import sys
-import tempfile
 import warnings
 
-from _common import bench_datamodule, fit_steps, format_table, interleaved_order, write_json
+from _common import bench_datamodule, fit_steps, format_table, interleaved_order, saved_tiny_model, write_json
 
 PROMPTS, GROUP, MAX_NEW = 4, 4, 96
 ETA = 0.002
@@ -76,19 +75,13 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
     samples: dict[str, list[dict]] = {"grpo": [], "lopti": []}
     batches: dict[str, list[str]] = {"grpo": [], "lopti": []}
-    with tempfile.TemporaryDirectory() as model_dir:
-        model = build_tiny_model(tok, TinySpec(hidden_size=args.hidden, num_layers=args.layers,
-                                               intermediate_size=2 * args.hidden))
-        n_params = sum(p.numel() for p in model.parameters())
-        model.save_pretrained(model_dir)
-        tok.save_pretrained(model_dir)
-        del model
+    with saved_tiny_model(tok, args.hidden, args.layers) as (model_dir, n_params):
         for name in interleaved_order(["grpo", "lopti"], rounds):
             module = make_module(model_dir, tok, name == "lopti", steps + 1, prompts, max_new)
             hashes: list[str] = []

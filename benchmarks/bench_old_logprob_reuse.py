@@ -37,11 +37,10 @@ import argparse
 import hashlib
 import statistics
 import sys
-import tempfile
 import warnings
 
-from _common import (bench_datamodule, fit_steps, format_table, gemm_rate, interleaved_order, read_bandwidth, summarise,
-                     write_json)
+from _common import (bench_datamodule, fit_steps, format_table, gemm_rate, interleaved_order, read_bandwidth,
+                     saved_tiny_model, summarise, write_json)
 
 GROUP = 4
 ETA = 0.002  # the random model's p_old is around 1/vocab (491): both Lopti phases get tokens
@@ -182,18 +181,12 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore")
     import torch
 
-    from arlopti.models.loading import TinySpec, build_tiny_model, build_tiny_tokenizer
+    from arlopti.models.loading import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     torch.manual_seed(0)
     rates = {"before": machine_rates(args.smoke)}
-    with tempfile.TemporaryDirectory() as model_dir:
-        model = build_tiny_model(tok, TinySpec(hidden_size=args.hidden, num_layers=args.layers,
-                                               intermediate_size=2 * args.hidden))
-        n_params = sum(p.numel() for p in model.parameters())
-        model.save_pretrained(model_dir)
-        tok.save_pretrained(model_dir)
-        del model
+    with saved_tiny_model(tok, args.hidden, args.layers) as (model_dir, n_params):
         fits, weights = run_fits(args, model_dir, tok, args.prompts, args.max_new_tokens)
     rates["after"] = machine_rates(args.smoke)
     summary, ratios, rows = summarise_fits(fits, weights)

@@ -49,6 +49,20 @@ def guide_script(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_guide(guide: Path, folder: Path, links: tuple[str, ...] = ("configs",)) -> subprocess.CompletedProcess:
+    """Run page ``guide`` as one bash script (:func:`guide_script`) in ``folder``, which stands for the checkout's
+    root: ``links`` (names at the checkout's root) are linked there and ``PROJECT_ROOT`` points at it. Asserts
+    that the script succeeded and returns the finished process."""
+    for name in links:
+        (folder / name).symlink_to(REPO_ROOT / name)
+    env = dict(os.environ, PROJECT_ROOT=str(folder), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    (folder / "guide.sh").write_text(guide_script(guide.read_text()))
+    proc = subprocess.run(["bash", "guide.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
 def test_guide_blocks_write_files_outside_src_and_run_train_and_eval():
     blocks = guide_blocks(GUIDE.read_text())
     files = [p for _, _, p in blocks if p]
@@ -65,14 +79,8 @@ def _src_state() -> dict[str, int]:
 
 @pytest.mark.slow
 def test_custom_task_guide_runs_as_written(tmp_path):
-    for name in ("train.py", "eval.py", "configs"):
-        (tmp_path / name).symlink_to(REPO_ROOT / name)
-    env = dict(os.environ, PROJECT_ROOT=str(tmp_path), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    (tmp_path / "guide.sh").write_text(guide_script(GUIDE.read_text()))
     before = _src_state()
-    proc = subprocess.run(["bash", "guide.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = run_guide(GUIDE, tmp_path, ("train.py", "eval.py", "configs"))
     assert _src_state() == before  # the task needed no change under src/
 
     # preview: the two training prompts, rendered by the chat template, with their answers and columns

@@ -8,15 +8,12 @@ written, ``bash`` blocks run, in a temporary folder standing for the checkout's 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO_ROOT
-from test_custom_task_guide import guide_blocks, guide_script
+from test_custom_task_guide import guide_blocks, run_guide
 
 GUIDE = REPO_ROOT / "docs" / "plugins.md"
 
@@ -30,13 +27,7 @@ def test_guide_registers_a_loss_and_names_it():
 
 @pytest.mark.slow
 def test_plugins_guide_runs_as_written(tmp_path):
-    (tmp_path / "configs").symlink_to(REPO_ROOT / "configs")
-    (tmp_path / "train.py").symlink_to(REPO_ROOT / "train.py")
-    env = dict(os.environ, PROJECT_ROOT=str(tmp_path), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    (tmp_path / "guide.sh").write_text(guide_script(GUIDE.read_text()))
-    proc = subprocess.run(["bash", "guide.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    proc = run_guide(GUIDE, tmp_path, ("configs", "train.py"))
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith('{"run_dir"')]
     result = json.loads(line)
     run_dir = Path(result["run_dir"])
