@@ -5,15 +5,11 @@ docs/custom_task.md: the same block rules, the same folder set-up)."""
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO_ROOT
-from test_custom_task_guide import guide_blocks, guide_script
+from test_custom_task_guide import guide_blocks, run_guide
 
 GUIDE = REPO_ROOT / "docs" / "multi_turn.md"
 
@@ -27,13 +23,7 @@ def test_the_page_writes_its_files_outside_src_and_trains():
 
 @pytest.mark.slow
 def test_the_multi_turn_guide_runs_as_written(tmp_path):
-    for name in ("train.py", "eval.py", "configs"):
-        (tmp_path / name).symlink_to(REPO_ROOT / name)
-    env = dict(os.environ, PROJECT_ROOT=str(tmp_path), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
-    (tmp_path / "guide.sh").write_text(guide_script(GUIDE.read_text()))
-    proc = subprocess.run(["bash", "guide.sh"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_guide(GUIDE, tmp_path, ("train.py", "eval.py", "configs"))
     (metrics,) = (tmp_path / "logs" / "my_env").glob("*/*/**/metrics.csv")
     rows = [r for r in csv.DictReader(metrics.open()) if r.get("turns/mean")]
     assert len(rows) == 2 and all(float(r["turns/mean"]) > 1 for r in rows)
