@@ -101,22 +101,22 @@ def padding_metrics(metrics: MetricSet, experience, micro_plan: Mapping[tuple, l
     metrics.add("update/micro_batches", sum(len(v) for v in micro_plan.values()) / max(1, len(micro_plan)))
 
 
-def add_step_metrics(metrics: MetricSet, experience, targets, micro_plan: Mapping[tuple, list[list[int]]],
+def add_step_metrics(metrics: MetricSet, experience, inputs, micro_plan: Mapping[tuple, list[list[int]]],
                      timings: Mapping[str, float], *, reused: int, ar_alpha: float, lr: float, nonfinite_skips: int,
                      optimizer_steps: int, low_prob_threshold: float) -> None:
     """A rollout step's metrics beyond the objective's (docs/metrics.md): phases skipped as empty
-    (``targets``: :class:`~arlopti.algorithms.inputs.StepInputs`), the rollout's statistics, the
+    (``inputs``: :class:`~arlopti.algorithms.inputs.StepInputs`), the rollout's statistics, the
     engine/trainer mismatch (``rollout.return_logprobs``), padding, the share of logπ_old taken
     from the first step's forward (``reused`` rows), timings and the optimizer's counters;
     ``low_prob_threshold``: ``algorithm.low_prob_threshold``, the turn metrics' low-probability p_old."""
 
-    if len(targets.phases) > 1:
-        for name in targets.phases:
-            metrics.add(f"update/{name}/skipped_empty", float(name in targets.skipped), "max")
-    rollout_metrics(metrics, experience, targets.old, list(targets.phases.values()), ar_alpha)
+    if len(inputs.phases) > 1:
+        for name in inputs.phases:
+            metrics.add(f"update/{name}/skipped_empty", float(name in inputs.skipped), "max")
+    rollout_metrics(metrics, experience, inputs.old, list(inputs.phases.values()), ar_alpha)
     if experience.engine_logprobs is not None:
-        add_mismatch_metrics(metrics, targets.old, experience.engine_logprobs, experience.response_mask)
-    add_turn_metrics(metrics, experience, targets.old, targets.advantages, low_prob_threshold)  # multi-turn only
+        add_mismatch_metrics(metrics, inputs.old, experience.engine_logprobs, experience.response_mask)
+    add_turn_metrics(metrics, experience, inputs.old, inputs.advantages, low_prob_threshold)  # multi-turn only
     padding_metrics(metrics, experience, micro_plan)
     metrics.add("update/old_logprobs_reused_frac", reused / max(1, len(experience)))
     for k, v in timings.items():
