@@ -4,25 +4,15 @@ variants' patches reach the code they stand for."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from helpers.bench_scripts import load_bench
+
 
 
 def _bench(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(BENCH))  # the script imports its _common like a run from benchmarks/ does
-    import _common
-
-    monkeypatch.setattr(_common, "OUT_DIR", tmp_path)
-    spec = importlib.util.spec_from_file_location("bench_bf16_parity", BENCH / "bench_bf16_parity.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_bf16_parity", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_bf16_parity", monkeypatch, tmp_path)
 
 
 def finite(*values) -> bool:

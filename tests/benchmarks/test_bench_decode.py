@@ -3,23 +3,16 @@ no vLLM): every section runs and its output has the fields RESULTS.md reads. Mea
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from helpers.bench_scripts import load_bench
+
 
 
 def _bench(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCH))  # the script imports its _common like a run from benchmarks/ does
-    spec = importlib.util.spec_from_file_location("bench_decode", BENCH / "bench_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_decode", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_decode", monkeypatch)
 
 
 def test_the_tiny_run_reports_every_field(monkeypatch, tmp_path):

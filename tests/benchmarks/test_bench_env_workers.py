@@ -4,27 +4,18 @@ a measurement, and no number is compared with a bound."""
 
 from __future__ import annotations
 
-import pytest
-import importlib.util
 import json
-import sys
 from pathlib import Path
+
+import pytest
+
+from helpers.bench_scripts import load_bench
 
 pytestmark = pytest.mark.process  # every test here starts a process (make test-fast leaves them out)
 
-REPO = Path(__file__).resolve().parents[2]
-BENCH = REPO / "benchmarks"
-
 
 def test_bench_env_workers_smoke(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(BENCH))
-    import _common
-
-    monkeypatch.setattr(_common, "OUT_DIR", tmp_path)
-    spec = importlib.util.spec_from_file_location("bench_env_workers", BENCH / "bench_env_workers.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_env_workers", module)
-    spec.loader.exec_module(module)
+    module = load_bench("bench_env_workers", monkeypatch, tmp_path)
     assert module.main(["--smoke", "--out", "env_workers.json"]) == 0
     data = json.loads((tmp_path / "env_workers.json").read_text())
     assert data["command"] and data["machine"]["cpu"]

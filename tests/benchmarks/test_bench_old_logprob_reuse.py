@@ -4,26 +4,16 @@ Measures nothing: no time is compared with a bound."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from helpers.bench_scripts import load_bench
+
 SHAPES = {"grpo_1mb", "lopti_1mb", "grpo_4mb"}
 
 
 def _bench(monkeypatch, tmp_path):
-    monkeypatch.syspath_prepend(str(BENCH))  # the script imports its _common like a run from benchmarks/ does
-    import _common
-
-    monkeypatch.setattr(_common, "OUT_DIR", tmp_path)
-    spec = importlib.util.spec_from_file_location("bench_old_logprob_reuse", BENCH / "bench_old_logprob_reuse.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_old_logprob_reuse", module)
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("bench_old_logprob_reuse", monkeypatch, tmp_path)
 
 
 def test_the_smoke_run_reports_every_field(monkeypatch, tmp_path):

@@ -10,13 +10,13 @@ the engine; gpu_check.sh's parts: tests/benchmarks/test_gpu_check*.py; bench_dec
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers.bench_scripts import load_bench
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks"
@@ -36,14 +36,7 @@ def bench(monkeypatch, tmp_path):
     monkeypatch.setattr(_common, "OUT_DIR", tmp_path)
     threads = torch.get_num_threads()
 
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        monkeypatch.setitem(sys.modules, name, module)
-        spec.loader.exec_module(module)
-        return module
-
-    yield load
+    yield lambda name: load_bench(name, monkeypatch)
     torch.set_num_threads(threads)
 
 
